@@ -1,0 +1,151 @@
+"""MARS update rules, written once and plainly: the ground truth that every fast path is tested against.
+
+Paper: "MARS: Unleashing the Power of Variance Reduction for Training Large Models" (arXiv 2411.10438).
+The formulas follow the authors' implementation (AGI-Arena/MARS, ``MARS/optimizers/mars.py``, ``update_fn``),
+including its order of floating-point operations, with two deliberate differences that do not change the
+math for float32 parameters:
+
+* optimizer state is float32 whatever the parameter dtype, and the update is computed in float32;
+* the remembered gradient is a copy, never an alias of ``p.grad`` (the official approximate scheme keeps a
+  reference, which silently breaks under ``zero_grad(set_to_none=False)`` and DDP gradient buckets).
+
+For a tensor with gradient g_t and remembered gradient g_prev (zeros before the first step):
+
+    c_t = g_t + gamma * beta1 / (1 - beta1) * (g_t - g_prev)
+    c_t = c_t / ||c_t||_2                          if ||c_t||_2 > 1
+    m_t = beta1 * m + (1 - beta1) * c_t
+
+    mars-adamw:   v_t = beta2 * v + (1 - beta2) * c_t^2                (amsgrad: v_max = max(v_max, v_t))
+                  update = m_t / ((sqrt(v_t) / sqrt(1 - beta2^t) + eps) * (1 - beta1^t))
+    mars-lion:    update = sign(m_t)
+    mars-shampoo: update = NS5(m_t / (1 - beta1)) * sqrt(max(1, rows / cols))      (2-D tensors)
+
+    p <- p - lr * (update + weight_decay * p)
+
+Tensors that are not 2-D take a plain AdamW step on g_t instead (unless ``optimize_1d``), with
+``betas_1d``, learning rate ``lr * lr_1d / lr_at_construction`` and weight decay ``weight_decay_1d``.
+"""
+import math
+
+import torch
+from torch import Tensor
+
+MARS_TYPES = ("mars-adamw", "mars-lion", "mars-shampoo")
+NEWTON_SCHULZ_COEFFS = (3.4445, -4.7750, 2.0315)
+
+
+def uses_mars_rule(param: Tensor, optimize_1d: bool) -> bool:
+    """Whether ``param`` takes the MARS update (2-D tensors, or every tensor with ``optimize_1d``)."""
+    return optimize_1d or param.dim() == 2
+
+
+def corrected_gradient(grad: Tensor, last_grad: Tensor, gamma: float, beta1: float) -> Tensor:
+    """The variance-reduced gradient c_t, clipped to unit L2 norm when its norm exceeds 1."""
+    grad, last_grad = grad.float(), last_grad.float()
+    c_t = (grad - last_grad).mul(gamma * (beta1 / (1.0 - beta1))).add(grad)
+    c_t_norm = torch.linalg.vector_norm(c_t)
+    if c_t_norm > 1.0:
+        c_t = c_t / c_t_norm
+    return c_t
+
+
+def adam_denominator(exp_avg_sq: Tensor, step: int, beta1: float, beta2: float, eps: float) -> Tensor:
+    """(sqrt(v) / sqrt(1 - beta2^t) + eps) * (1 - beta1^t): Adam's bias corrections folded into one divisor."""
+    bias_correction1 = 1.0 - beta1**step
+    bias_correction2 = 1.0 - beta2**step
+    return exp_avg_sq.sqrt().mul(1 / math.sqrt(bias_correction2)).add(eps).mul(bias_correction1)
+
+
+def newton_schulz5(matrix: Tensor, steps: int = 5, eps: float = 1e-7) -> Tensor:
+    """Approximate orthogonalisation U V^T of ``matrix`` by a quintic Newton-Schulz iteration in bfloat16."""
+    a, b, c = NEWTON_SCHULZ_COEFFS
+    x = matrix.bfloat16() / (matrix.norm() + eps)
+    transposed = matrix.size(0) > matrix.size(1)
+    if transposed:
+        x = x.T
+    for _ in range(steps):
+        gram = x @ x.T
+        gram_x = gram @ x
+        x = a * x + b * gram_x + c * gram @ gram_x
+    if transposed:
+        x = x.T
+    return x.to(matrix.dtype)
+
+
+def _apply_update(param: Tensor, update: Tensor, lr: float, weight_decay: float) -> None:
+    """p <- p - lr * (update + weight_decay * p), computed in float32 and written back in p's dtype."""
+    p32 = param.float()
+    p32.add_(torch.mul(p32, weight_decay).add(update).mul(-lr))
+    param.copy_(p32)
+
+
+@torch.no_grad()
+def mars_step(
+    param: Tensor,
+    grad: Tensor,
+    last_grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor | None,
+    max_exp_avg_sq: Tensor | None,
+    *,
+    step: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    gamma: float,
+    mars_type: str,
+    amsgrad: bool,
+) -> None:
+    """One MARS update of ``param`` in place; ``exp_avg``/``exp_avg_sq``/``max_exp_avg_sq`` are float32 state.
+
+    ``exp_avg_sq`` is needed by mars-adamw and by mars-shampoo on tensors that are not 2-D (which fall back to
+    the AdamW-style rule, as in the official code); ``max_exp_avg_sq`` only with ``amsgrad``.
+    """
+    if mars_type not in MARS_TYPES:
+        raise ValueError(f"mars_type must be one of {MARS_TYPES}, got {mars_type!r}")
+    c_t = corrected_gradient(grad, last_grad, gamma, beta1)
+    exp_avg.mul_(beta1).add_(c_t, alpha=1.0 - beta1)
+    if mars_type == "mars-adamw" or (mars_type == "mars-shampoo" and param.dim() != 2):
+        exp_avg_sq.mul_(beta2).addcmul_(c_t, c_t, value=1.0 - beta2)
+        second_moment = exp_avg_sq
+        if amsgrad:
+            torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
+            second_moment = max_exp_avg_sq
+        update = exp_avg.div(adam_denominator(second_moment, step, beta1, beta2, eps))
+    elif mars_type == "mars-lion":
+        update = exp_avg.sign()
+    else:
+        # The official code passes the optimizer's eps to Newton-Schulz as its normalisation guard.
+        scale = max(1.0, param.size(0) / param.size(1)) ** 0.5
+        update = newton_schulz5(exp_avg.mul(1.0 / (1.0 - beta1)), eps=eps).mul(scale)
+    _apply_update(param, update, lr, weight_decay)
+
+
+@torch.no_grad()
+def adamw_step(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    max_exp_avg_sq: Tensor | None,
+    *,
+    step: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    amsgrad: bool,
+) -> None:
+    """The AdamW step MARS applies to tensors that are not 2-D (the official ``update_fn``'s else branch)."""
+    grad = grad.float()
+    exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+    second_moment = exp_avg_sq
+    if amsgrad:
+        torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
+        second_moment = max_exp_avg_sq
+    update = exp_avg.div(adam_denominator(second_moment, step, beta1, beta2, eps))
+    _apply_update(param, update, lr, weight_decay)
