@@ -1,0 +1,153 @@
+"""The typed schema behind the Hydra YAML in this folder.
+
+Hydra merges every YAML file into these dataclasses, so an unknown key or a value of the wrong type stops the
+run at start with a message naming the key. Checks that need more than a type (ranges, cross-field rules)
+live in ``validate``.
+"""
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class LrSchedule(str, Enum):
+    cosine = "cosine"
+    linear = "linear"
+    constant = "constant"
+    wsd = "wsd"  # warmup-stable-decay: flat at the peak, then a linear cooldown over the last decay_fraction
+
+
+class Precision(str, Enum):
+    auto = "auto"  # bfloat16 autocast on CUDA, float32 on CPU
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class WandbMode(str, Enum):
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
+
+
+@dataclass
+class ModelConfig:
+    n_layer: int = MISSING
+    n_head: int = MISSING
+    n_embd: int = MISSING
+    block_size: int = 1024  # context length: the position-embedding table's size
+    vocab_size: int = 50304
+    bias: bool = False
+    dropout: float = 0.0
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = MISSING
+    lr: float = MISSING
+    weight_decay: float = 0.0
+    # nanoGPT decays every >=2-D weight; the MARS authors' trainer keeps the embeddings in the no-decay group.
+    decay_embeddings: bool = True
+
+
+@dataclass
+class AdamWConfig(OptimizerConfig):
+    name: str = "adamw"
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    # Directory with train.bin/val.bin shards; null means the embedded corpus, built on first use.
+    dir: Optional[str] = None
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 8  # sequences per micro-batch
+    block_size: int = 128  # tokens per sequence, at most model.block_size
+    grad_accum_steps: int = 1
+    max_iters: int = 250
+    eval_interval: int = 50
+    eval_iters: int = 8
+    log_interval: int = 10
+    lr_schedule: LrSchedule = LrSchedule.cosine
+    warmup_iters: int = 20
+    decay_iters: Optional[int] = None  # where the decay reaches min_lr; null means max_iters
+    decay_fraction: float = 0.2  # wsd only: share of the run spent cooling down
+    min_lr: float = 1e-4
+    grad_clip: float = 1.0  # 0 disables clipping
+    dtype: Precision = Precision.auto
+    compile: bool = False
+    seed: int = 1337
+    device: str = "auto"  # auto, cpu, cuda, cuda:N
+    checkpoint_interval: int = 250
+    keep_checkpoints: int = 2
+    resume: bool = False
+
+
+@dataclass
+class WandbConfig:
+    mode: WandbMode = WandbMode.disabled
+    project: str = "mars-gpt2"
+    entity: Optional[str] = None
+    run_name: Optional[str] = None  # null: derived from model, optimizer and data
+
+
+@dataclass
+class Config:
+    model: ModelConfig = MISSING
+    optimizer: Any = MISSING
+    data: DataConfig = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+OPTIMIZER_SCHEMAS: dict[str, type] = {"adamw": AdamWConfig}
+
+
+def register_configs() -> None:
+    store = ConfigStore.instance()
+    store.store(name="config_schema", node=Config)
+    for name, schema in OPTIMIZER_SCHEMAS.items():
+        store.store(group="optimizer", name=f"{name}_schema", node=schema)
+
+
+class ConfigError(ValueError):
+    """A config value out of range; the message names the key and the fix."""
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def validate(cfg) -> None:
+    """Range and cross-field checks that the types alone cannot express."""
+    m, t, o = cfg.model, cfg.train, cfg.optimizer
+    for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+        _require(m[key] > 0, f"model.{key} must be positive, got {m[key]}")
+    _require(m.n_embd % m.n_head == 0, f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head})")
+    _require(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}")
+    for key in ("batch_size", "block_size", "grad_accum_steps", "max_iters", "eval_interval", "eval_iters",
+                "log_interval", "checkpoint_interval", "keep_checkpoints"):
+        _require(t[key] > 0, f"train.{key} must be a positive integer, got {t[key]}")
+    _require(
+        t.block_size <= m.block_size,
+        f"train.block_size ({t.block_size}) exceeds the model's context model.block_size ({m.block_size}): "
+        "lower train.block_size or raise model.block_size",
+    )
+    _require(t.warmup_iters >= 0, f"train.warmup_iters must be >= 0, got {t.warmup_iters}")
+    decay_iters = t.decay_iters if t.decay_iters is not None else t.max_iters
+    _require(decay_iters > t.warmup_iters or t.lr_schedule == LrSchedule.constant,
+             f"the lr decay must end after warmup: train.decay_iters ({decay_iters}) <= train.warmup_iters "
+             f"({t.warmup_iters})")
+    _require(0.0 < t.decay_fraction <= 1.0, f"train.decay_fraction must be in (0, 1], got {t.decay_fraction}")
+    _require(t.grad_clip >= 0.0, f"train.grad_clip must be >= 0 (0 disables it), got {t.grad_clip}")
+    _require(o.lr > 0.0, f"optimizer.lr must be positive, got {o.lr}")
+    _require(0.0 <= t.min_lr <= o.lr, f"train.min_lr ({t.min_lr}) must lie in [0, optimizer.lr={o.lr}]")
+    _require(o.weight_decay >= 0.0, f"optimizer.weight_decay must be >= 0, got {o.weight_decay}")

@@ -1,0 +1,63 @@
+"""Run logging: metrics.jsonl always (no network needed), wandb when enabled, one console line per event."""
+import json
+import logging
+from pathlib import Path
+
+from configs.schema import WandbMode
+
+log = logging.getLogger("train")
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def format_record(record: dict) -> str:
+    parts = [f"step {record['step']}"]
+    for key, fmt in (("train/loss", ".4f"), ("val/loss", ".4f"), ("lr", ".2e"), ("grad_norm", ".3f"),
+                     ("tokens", ",d"), ("tokens_per_s", ",.0f"), ("step_ms", ".1f"), ("mfu", ".1%")):
+        if record.get(key) is not None:
+            parts.append(f"{key} {record[key]:{fmt}}")
+    return " | ".join(parts)
+
+
+class MetricsLogger:
+    """Appends one JSON object per event to ``metrics.jsonl`` and mirrors it to wandb."""
+
+    def __init__(self, run_dir: Path, wandb_cfg, config: dict, run_name: str, wandb_run_id: str | None = None):
+        self.path = Path(run_dir) / METRICS_FILE
+        self.wandb_run = None
+        if wandb_cfg.mode != WandbMode.disabled:
+            import wandb
+
+            self.wandb_run = wandb.init(
+                project=wandb_cfg.project, entity=wandb_cfg.entity, name=run_name, config=config,
+                mode=wandb_cfg.mode.value, dir=str(run_dir), id=wandb_run_id, resume="allow",
+            )
+
+    @property
+    def wandb_run_id(self) -> str | None:
+        return self.wandb_run.id if self.wandb_run else None
+
+    def discard_after(self, step: int) -> None:
+        """Drop records past ``step``: a resumed run rewrites what the interrupted one logged after its checkpoint."""
+        kept = [r for r in read_metrics(self.path.parent) if r["step"] <= step]
+        with open(self.path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+
+    def log(self, record: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.wandb_run is not None:
+            self.wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+        log.info(format_record(record))
+
+    def close(self) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
