@@ -1,0 +1,79 @@
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from configs.schema import ConfigError, register_configs, validate
+
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+register_configs()
+
+
+def load(*overrides):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_default_config_is_the_tiny_cpu_run_and_validates():
+    cfg = load()
+    assert (cfg.model.n_layer, cfg.model.n_embd) == (4, 128)
+    assert cfg.optimizer.name == "adamw" and cfg.data.name == "embedded"
+    validate(cfg)
+
+
+@pytest.mark.parametrize("size, layers, width", [("gpt2-small", 12, 768), ("gpt2-medium", 24, 1024),
+                                                 ("gpt2-large", 36, 1280), ("gpt2-xl", 48, 1600)])
+def test_model_sizes_compose(size, layers, width):
+    cfg = load(f"model={size}")
+    assert (cfg.model.n_layer, cfg.model.n_embd) == (layers, width)
+
+
+def test_issue_override_paths_compose():
+    cfg = load("model=tiny", "optimizer=adamw", "data=embedded", "train.max_iters=60", "train.eval_interval=30",
+               "wandb.mode=disabled")
+    assert cfg.train.max_iters == 60 and cfg.train.eval_interval == 30
+    validate(cfg)
+
+
+def test_unknown_key_fails_naming_it():
+    with pytest.raises(ConfigCompositionException) as err:
+        load("train.max_itres=5")
+    assert "max_itres" in str(err.value) + str(err.value.__cause__)
+
+
+def test_unknown_key_inside_an_optimizer_fails():
+    with pytest.raises(ConfigCompositionException):
+        load("optimizer.gama=0.1")
+
+
+def test_wrong_type_fails_naming_the_key():
+    with pytest.raises(ConfigCompositionException) as err:
+        load("train.batch_size=eight")
+    assert "batch_size" in str(err.value) + str(err.value.__cause__)
+
+
+def test_unknown_group_option_lists_the_available_ones():
+    with pytest.raises(Exception) as err:
+        load("model=gpt5")
+    assert "gpt2-small" in str(err.value)
+
+
+def test_enum_values_are_checked():
+    with pytest.raises(ConfigCompositionException):
+        load("wandb.mode=sometimes")
+
+
+@pytest.mark.parametrize("override, key", [
+    ("train.batch_size=0", "train.batch_size"),
+    ("train.max_iters=-1", "train.max_iters"),
+    ("train.block_size=512", "model.block_size"),
+    ("optimizer.lr=0", "optimizer.lr"),
+    ("train.min_lr=1.0", "train.min_lr"),
+    ("train.grad_clip=-1", "train.grad_clip"),
+    ("model.n_head=3", "model.n_head"),
+])
+def test_out_of_range_values_are_rejected_naming_the_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(load(override))

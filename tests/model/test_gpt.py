@@ -1,0 +1,78 @@
+import math
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+
+# Parameter counts of OpenAI's released GPT-2 checkpoints (vocab 50257, biases on), tied lm_head counted once.
+OPENAI_GPT2_PARAMS = {
+    (12, 12, 768): 124_439_808,
+    (24, 16, 1024): 354_823_168,
+    (36, 20, 1280): 774_030_080,
+    (48, 25, 1600): 1_557_611_200,
+}
+
+
+@pytest.mark.parametrize("shape, expected", OPENAI_GPT2_PARAMS.items())
+def test_param_count_from_config_matches_openai_gpt2(shape, expected):
+    n_layer, n_head, n_embd = shape
+    config = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=50257, bias=True)
+    assert config.num_params(non_embedding=False) == expected
+
+
+@pytest.mark.parametrize("shape, expected", OPENAI_GPT2_PARAMS.items())
+def test_padded_vocab_no_bias_sizes_stay_within_one_percent_of_gpt2(shape, expected):
+    n_layer, n_head, n_embd = shape
+    config = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd)
+    assert abs(config.num_params(non_embedding=False) - expected) / expected < 0.01
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_config_count_equals_allocated_parameters(bias):
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=100, bias=bias)
+    model = GPT(config)
+    assert sum(p.numel() for p in model.parameters()) == config.num_params(non_embedding=False)
+    assert model.transformer.wte.weight is model.lm_head.weight
+
+
+def test_logits_shape_and_future_tokens_do_not_change_past_logits():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=100)).eval()
+    idx = torch.randint(0, 100, (2, 12))
+    changed = idx.clone()
+    changed[:, 8:] = torch.randint(0, 100, (2, 4))
+    logits, loss = model(idx)
+    assert logits.shape == (2, 12, 100) and loss is None
+    logits_changed, _ = model(changed)
+    torch.testing.assert_close(logits[:, :8], logits_changed[:, :8])
+    assert not torch.allclose(logits[:, 8:], logits_changed[:, 8:])
+
+
+def test_loss_at_init_is_close_to_uniform_over_the_vocabulary():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=32))
+    idx, targets = torch.randint(0, 50257, (2, 4, 32))
+    _, loss = model(idx, targets)
+    assert loss.item() == pytest.approx(math.log(50304), abs=0.05)
+
+
+def test_residual_projections_use_the_scaled_init():
+    torch.manual_seed(0)
+    n_layer = 8
+    model = GPT(GPTConfig(n_layer=n_layer, n_head=4, n_embd=256, block_size=16, vocab_size=100))
+    proj_std = model.transformer.h[0].mlp.c_proj.weight.std().item()
+    fc_std = model.transformer.h[0].mlp.c_fc.weight.std().item()
+    assert proj_std == pytest.approx(0.02 / math.sqrt(2 * n_layer), rel=0.05)
+    assert fc_std == pytest.approx(0.02, rel=0.05)
+
+
+def test_sequence_longer_than_context_is_rejected():
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=10))
+    with pytest.raises(ValueError, match="block_size"):
+        model(torch.zeros(1, 5, dtype=torch.long))
+
+
+def test_flops_per_token_follows_6n_plus_attention_term():
+    config = GPTConfig()
+    assert config.flops_per_token(1024) == 6 * config.num_params() + 12 * 12 * 12 * 64 * 1024

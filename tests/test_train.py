@@ -1,0 +1,71 @@
+"""End-to-end runs of train.py in subprocesses, as a user launches it."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["model.n_layer=2", "model.n_head=2", "model.n_embd=64", "train.batch_size=2", "train.block_size=32",
+         "train.eval_iters=2", "train.warmup_iters=2", "train.log_interval=1", "train.device=cpu"]
+
+
+def run_train(run_dir, *overrides, check=True):
+    result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", *overrides],
+                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    if check and result.returncode != 0:
+        raise AssertionError(f"train.py failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_losses(records):
+    return {r["step"]: r["train/loss"] for r in records if "train/loss" in r}
+
+
+@pytest.mark.slow
+def test_run_resumed_from_a_checkpoint_continues_exactly_like_the_uninterrupted_run(tmp_path):
+    full = tmp_path / "full"
+    run_train(full, *SMALL, "train.max_iters=8", "train.eval_interval=4", "train.checkpoint_interval=4")
+    records = metrics(full)
+    assert [r["step"] for r in records if "val/loss" in r] == [0, 4, 8]
+    assert sorted(p.name for p in (full / "checkpoints").iterdir()) == ["ckpt_00000004.pt", "ckpt_00000008.pt"]
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(full, resumed)
+    (resumed / "checkpoints" / "ckpt_00000008.pt").unlink()  # as if killed before step 8 was saved
+    run_train(resumed, *SMALL, "train.max_iters=8", "train.eval_interval=4", "train.checkpoint_interval=4",
+              "train.resume=true")
+    resumed_records = metrics(resumed)
+    assert train_losses(resumed_records) == train_losses(records)  # bitwise: same batches, same RNG, same state
+    assert [r["step"] for r in resumed_records] == [r["step"] for r in records]  # no duplicated log lines
+
+
+@pytest.mark.slow
+def test_issue_command_writes_falling_val_loss(tmp_path):
+    run_train(tmp_path, "model=tiny", "data=embedded", "train.max_iters=60", "train.eval_interval=30",
+              "wandb.mode=disabled")
+    val = [r["val/loss"] for r in metrics(tmp_path) if "val/loss" in r]
+    assert len(val) >= 2 and val[-1] < val[0] - 1.0
+    record = next(r for r in metrics(tmp_path) if "train/loss" in r)
+    assert {"step", "tokens", "lr", "train/loss", "grad_norm", "tokens_per_s"} <= record.keys()
+
+
+def test_divergence_stops_with_the_step_and_last_checkpoint(tmp_path):
+    result = run_train(tmp_path, *SMALL, "train.max_iters=20", "optimizer.lr=1e30", "train.min_lr=0",
+                       "train.warmup_iters=0", check=False)
+    assert result.returncode != 0
+    assert "non-finite" in result.stderr and "at step" in result.stderr and "checkpoint" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_value_stops_at_start_with_one_message(tmp_path):
+    result = run_train(tmp_path, "train.batch_size=0", check=False)
+    assert result.returncode != 0
+    assert "train.batch_size must be a positive integer" in result.stderr
+    assert "Traceback" not in result.stderr
