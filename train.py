@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from configs.schema import register_configs, validate
-from data.loader import TokenBatches, load_split, resolve_data_dir
+from data.loader import TokenBatches, build_batches
 from model import GPT, GPTConfig
 from training.checkpoint import latest_checkpoint, save_checkpoint
 from training.metrics import MetricsLogger
@@ -64,8 +64,8 @@ def estimate_val_loss(model, batches: TokenBatches, eval_iters: int, autocast) -
 
 
 def default_run_name(cfg: DictConfig) -> str:
-    model_name = HydraConfig.get().runtime.choices.get("model", "model")
-    return f"{model_name}-{cfg.optimizer.name}-{cfg.data.name}"
+    choices = HydraConfig.get().runtime.choices
+    return f"{choices.get('model', 'model')}-{choices.get('optimizer', cfg.optimizer.name)}-{cfg.data.name}"
 
 
 @hydra.main(version_base=None, config_path="configs", config_name="config")
@@ -86,16 +86,14 @@ def train(cfg: DictConfig) -> None:
     autocast = autocast_context(device, dtype)
     seed_everything(t.seed)
 
-    data_dir = resolve_data_dir(cfg.data.name, cfg.data.dir)
-    batch_args = dict(batch_size=t.batch_size, block_size=t.block_size, seed=t.seed, device=device)
-    train_batches = TokenBatches(load_split(data_dir, "train", cfg.model.vocab_size), "train",
-                                 source=str(data_dir / "train.bin"), **batch_args)
-    val_batches = TokenBatches(load_split(data_dir, "val", cfg.model.vocab_size), "val",
-                               source=str(data_dir / "val.bin"), **batch_args)
+    batch_args = dict(batch_size=t.batch_size, block_size=t.block_size, grad_accum_steps=t.grad_accum_steps,
+                      seed=t.seed, rank=0, world_size=1, device=device, vocab_size=cfg.model.vocab_size)
+    train_batches = build_batches(cfg.data, "train", **batch_args)
+    val_batches = build_batches(cfg.data, "val", **batch_args)
 
     model_config = GPTConfig(**OmegaConf.to_container(cfg.model))
     model = GPT(model_config).to(device)
-    optimizer = build_optimizer(cfg.optimizer, model, device)
+    optimizer = build_optimizer(cfg.optimizer, model)
     needs_lookahead = getattr(optimizer, "needs_lookahead_grad", False)
 
     start_step, tokens_seen, checkpoint_path, wandb_run_id = 0, 0, None, None
@@ -118,8 +116,8 @@ def train(cfg: DictConfig) -> None:
     metrics.discard_after(start_step)
     tokens_per_step = t.batch_size * t.block_size * t.grad_accum_steps
     flops_peak = peak_flops(device)
-    log.info("model %.2fM params (non-embedding) | %d tokens per step | run dir %s",
-             model_config.num_params() / 1e6, tokens_per_step, run_dir)
+    log.info("model %.2fM parameters | %d tokens per step | run dir %s",
+             model_config.num_params(non_embedding=False) / 1e6, tokens_per_step, run_dir)
 
     def evaluate(step: int) -> None:
         val_loss = estimate_val_loss(train_model, val_batches, t.eval_iters, autocast)

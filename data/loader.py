@@ -1,67 +1,232 @@
-"""Batches of token windows, each a pure function of (seed, split, step, micro-step, rank).
+"""Batches of token windows from a directory of shards, each batch a pure function of its coordinates.
 
-Nothing is carried from one batch to the next, so a resumed run sees exactly the batches the uninterrupted
-run would have seen, and the exact MARS scheme can ask for the next step's batch ahead of time.
+A split is ``{split}.bin`` (the embedded corpus, nanoGPT's layout) or numbered shards ``{split}_000000.bin,
+...`` (``data.prepare``; llm.c's ``<name>_{split}_000001.bin`` too), memory-mapped and read as one stream in
+shard order. Two sampling modes:
+
+- ``random`` (nanoGPT, and the official MARS trainer): each window starts at a uniformly random token, drawn
+  from a generator seeded by (seed, split, step, micro-step, rank).
+- ``sequential`` (llm.c): the stream is cut into contiguous, non-overlapping windows that are served in order,
+  wrapping around at the end of the split (the next epoch). Micro-batch ``(step, micro_step)`` of rank ``r``
+  out of ``world_size`` takes the ``batch_size`` windows starting at window
+  ``((step * grad_accum_steps + micro_step) * world_size + r) * batch_size``, so ranks never share a window
+  within an epoch.
+
+Nothing is carried from one batch to the next, so a resumed run sees exactly the batches the uninterrupted run
+would have seen (the loader's position in a checkpoint is just the step), and the exact MARS scheme can ask
+for the next step's batch ahead of time (``peek``).
 """
+import logging
+import re
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from configs.schema import Sampling
+from data.corpora import HUB_CORPORA, default_directory, prepare_command
 from data.embedded import prepare_embedded
-from data.shards import read_shard
+from data.shards import MANIFEST_FILE, read_manifest, read_shard
 
-SPLITS = ("train", "val")
+log = logging.getLogger(__name__)
+
 _SPLIT_IDS = {"train": 0, "val": 1}
+# Shards without a manifest are checked for out-of-vocabulary ids on this many evenly spaced blocks of this
+# many tokens each (all of a shard smaller than that): reading every token of a 10B-token corpus takes minutes.
+_VOCAB_SAMPLE_BLOCKS, _VOCAB_SAMPLE_BLOCK_TOKENS = 16, 65_536
+_MANIFEST_KEYS = {"tokenizer", "vocab_size", "max_token_id", "shards"}
 
 
 def resolve_data_dir(name: str, directory: str | None) -> Path:
-    """The directory holding ``train.bin``/``val.bin`` for a data config."""
+    """The shard directory of a data config: ``data.dir``, or the named corpus' default location."""
     if directory is None:
-        if name != "embedded":
+        if name == "embedded":
+            return prepare_embedded()
+        if name not in HUB_CORPORA:
             raise ValueError(f"data.dir is required for data={name}: point it at a directory of token shards")
-        return prepare_embedded()
-    path = Path(directory).expanduser()
+        path = default_directory(HUB_CORPORA[name])
+    else:
+        path = Path(directory).expanduser()
     if not path.is_dir():
         raise FileNotFoundError(
-            f"data directory {path} does not exist: create it with the corpus' prepare command "
-            "(see README, 'Data'), or set data.dir to an existing shard directory"
+            f"data directory {path} does not exist: create it with `{prepare_command(name, directory)}`, "
+            "or set data.dir to an existing shard directory"
         )
     return path
 
 
-def load_split(data_dir: Path, split: str, vocab_size: int) -> np.ndarray:
-    """Memory-map one split's tokens and check that every token id fits the model's vocabulary."""
-    tokens = read_shard(data_dir / f"{split}.bin")
-    largest = int(tokens.max())
-    if largest >= vocab_size:
-        raise ValueError(
-            f"{data_dir / f'{split}.bin'} holds token id {largest} >= model.vocab_size {vocab_size}: "
-            "the shards were made with a different tokenizer than the model expects"
+def split_files(data_dir: Path, split: str) -> list[Path]:
+    """The shard files of ``split`` in stream order."""
+    single = data_dir / f"{split}.bin"
+    numbered = re.compile(rf"(?:.+_)?{split}_\d+\.bin")
+    shards = sorted(p for p in data_dir.iterdir() if numbered.fullmatch(p.name))
+    if single.is_file() and shards:
+        raise ValueError(f"{data_dir} holds both {single.name} and {shards[0].name}...: keep one layout")
+    if single.is_file():
+        return [single]
+    if not shards:
+        raise FileNotFoundError(
+            f"{data_dir} has no {split} shards ({split}.bin or {split}_000000.bin, ...): prepare it with "
+            "`python -m data.prepare ...` (see data/README.md)"
         )
-    return tokens
+    return shards
+
+
+class ShardedTokens:
+    """The shards of one split read as one token stream, without copying them into memory."""
+
+    def __init__(self, shards: list[np.ndarray], paths: list[Path] | None = None) -> None:
+        self.shards = shards
+        self.paths = paths or []
+        self.ends = np.cumsum([len(s) for s in shards])
+
+    def __len__(self) -> int:
+        return int(self.ends[-1])
+
+    def __str__(self) -> str:
+        if len(self.paths) == 1:
+            return str(self.paths[0])
+        return f"{self.paths[0].parent}/ ({len(self.paths)} shards)" if self.paths else "(in memory)"
+
+    def read(self, start: int, length: int) -> np.ndarray:
+        """Tokens ``[start, start + length)`` of the stream, across shard boundaries if need be."""
+        shard = int(np.searchsorted(self.ends, start, side="right"))
+        begin = start - (int(self.ends[shard - 1]) if shard else 0)
+        if begin + length <= len(self.shards[shard]):
+            return self.shards[shard][begin : begin + length]
+        pieces = []
+        while length > 0:
+            piece = self.shards[shard][begin : begin + length]
+            pieces.append(piece)
+            length -= len(piece)
+            shard, begin = shard + 1, 0
+        return np.concatenate(pieces)
+
+
+def _check_vocabulary(data_dir: Path, split: str, paths: list[Path], shards: list[np.ndarray], manifest: dict | None,
+                      vocab_size: int) -> None:
+    if manifest is not None:
+        if manifest["vocab_size"] > vocab_size:
+            raise ValueError(
+                f"{data_dir / MANIFEST_FILE}: the shards were tokenized with {manifest['tokenizer']} "
+                f"(vocabulary {manifest['vocab_size']}) but model.vocab_size is {vocab_size}: use a model whose "
+                "vocabulary covers the tokenizer's, or prepare the corpus with the model's tokenizer"
+            )
+        if manifest["max_token_id"] >= vocab_size:
+            raise ValueError(f"{data_dir / MANIFEST_FILE}: the shards hold token id {manifest['max_token_id']} "
+                             f">= model.vocab_size {vocab_size}")
+        return
+    sampled = False
+    for path, tokens in zip(paths, shards):
+        block_tokens = min(len(tokens), _VOCAB_SAMPLE_BLOCK_TOKENS)
+        if len(tokens) <= _VOCAB_SAMPLE_BLOCKS * block_tokens:
+            largest = int(tokens.max())
+        else:
+            starts = np.linspace(0, len(tokens) - block_tokens, _VOCAB_SAMPLE_BLOCKS).astype(np.int64)
+            largest = max(int(tokens[s : s + block_tokens].max()) for s in starts)
+            sampled = True
+        if largest >= vocab_size:
+            raise ValueError(
+                f"{path} holds token id {largest} >= model.vocab_size {vocab_size}: "
+                "the shards were made with a different tokenizer than the model expects"
+            )
+    if sampled:
+        log.info("%s has no manifest.json: checked the %s split's token ids against model.vocab_size on a sample "
+                 "of each shard only", data_dir, split)
+
+
+def _check_manifest(data_dir: Path, split: str, paths: list[Path], shards: list[np.ndarray], manifest: dict) -> None:
+    """The manifest is one of ``data.prepare`` and lists exactly the split's shards, token for token."""
+    path = data_dir / MANIFEST_FILE
+    missing = sorted(_MANIFEST_KEYS - manifest.keys())
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}: it was not written by `python -m data.prepare`; "
+                         "remove it or prepare the corpus again")
+    listed = {s["file"]: s["tokens"] for s in manifest["shards"] if s["split"] == split}
+    unlisted = sorted({p.name for p in paths} ^ set(listed))
+    if unlisted:
+        raise ValueError(f"{path} and the {split} shards on disk disagree about {', '.join(unlisted)}: "
+                         "prepare the corpus again")
+    for shard_path, tokens in zip(paths, shards):
+        if len(tokens) != listed[shard_path.name]:
+            raise ValueError(f"{shard_path} holds {len(tokens)} tokens, but {path} lists {listed[shard_path.name]}: "
+                             "prepare the corpus again")
+
+
+def load_split(data_dir: Path, split: str, vocab_size: int) -> ShardedTokens:
+    """Memory-map one split's shards and check them against the manifest and the model's vocabulary."""
+    manifest = read_manifest(data_dir)
+    if manifest is not None and not manifest.get("complete"):
+        raise ValueError(f"the preparation of {data_dir} did not finish: rerun `{manifest.get('command')}` "
+                         "to resume it")
+    paths = split_files(data_dir, split)
+    shards = [read_shard(path) for path in paths]
+    if manifest is not None:
+        _check_manifest(data_dir, split, paths, shards, manifest)
+    _check_vocabulary(data_dir, split, paths, shards, manifest, vocab_size)
+    return ShardedTokens(shards, paths)
 
 
 class TokenBatches:
-    """Random (input, target) windows of ``block_size`` tokens from one split, nanoGPT-style."""
+    """(input, target) batches of ``block_size``-token windows from one split; see the module docstring."""
 
-    def __init__(self, tokens: np.ndarray, split: str, *, batch_size: int, block_size: int, seed: int,
-                 rank: int = 0, device: torch.device = torch.device("cpu"), source: str = "") -> None:
-        if len(tokens) < block_size + 1:
+    def __init__(self, tokens: ShardedTokens | np.ndarray, split: str, *, batch_size: int, block_size: int,
+                 seed: int, sampling: Sampling | str = Sampling.random, grad_accum_steps: int = 1, rank: int = 0,
+                 world_size: int = 1, device: torch.device = torch.device("cpu")) -> None:
+        if not isinstance(tokens, ShardedTokens):
+            tokens = ShardedTokens([np.asarray(tokens)])
+        if split not in _SPLIT_IDS:
+            raise ValueError(f"split must be one of {sorted(_SPLIT_IDS)}, got {split!r}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside [0, world_size={world_size})")
+        self.windows_per_epoch = (len(tokens) - 1) // block_size
+        batch_tokens = world_size * batch_size * block_size + 1
+        if self.windows_per_epoch < world_size * batch_size:
             raise ValueError(
-                f"the {split} split {source} has {len(tokens)} tokens, fewer than one window of "
-                f"train.block_size + 1 = {block_size + 1}: use more data or a smaller train.block_size"
+                f"the {split} split {tokens} has {len(tokens)} tokens, fewer than one batch of "
+                f"{world_size} rank(s) x train.batch_size {batch_size} x train.block_size {block_size} + 1 = "
+                f"{batch_tokens}: use more data (a larger validation split) or a smaller batch"
             )
         self.tokens, self.split = tokens, split
-        self.batch_size, self.block_size = batch_size, block_size
-        self.seed, self.rank, self.device = seed, rank, device
+        self.batch_size, self.block_size, self.seed = batch_size, block_size, seed
+        self.sampling, self.grad_accum_steps = Sampling(sampling), grad_accum_steps
+        self.rank, self.world_size, self.device = rank, world_size, device
+
+    def _first_window(self, step: int, micro_step: int) -> int:
+        """Sequential mode: the global index of this rank's first window of micro-batch (step, micro_step)."""
+        return ((step * self.grad_accum_steps + micro_step) * self.world_size + self.rank) * self.batch_size
+
+    def epoch(self, step: int, micro_step: int = 0) -> int:
+        """Sequential mode: how many full passes over the split precede this rank's micro-batch."""
+        return self._first_window(step, micro_step) // self.windows_per_epoch
+
+    def window_starts(self, step: int, micro_step: int = 0) -> np.ndarray:
+        """Token offsets of the micro-batch's windows in the split's stream."""
+        if self.sampling == Sampling.sequential:
+            windows = self._first_window(step, micro_step) + np.arange(self.batch_size)
+            return (windows % self.windows_per_epoch) * self.block_size
+        rng = np.random.default_rng([self.seed, _SPLIT_IDS[self.split], step, micro_step, self.rank])
+        return rng.integers(0, len(self.tokens) - self.block_size, size=self.batch_size)
 
     def batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        rng = np.random.default_rng([self.seed, _SPLIT_IDS[self.split], step, micro_step, self.rank])
-        starts = rng.integers(0, len(self.tokens) - self.block_size, size=self.batch_size)
-        windows = np.stack([self.tokens[s : s + self.block_size + 1] for s in starts]).astype(np.int64)
+        starts = self.window_starts(step, micro_step)
+        windows = np.stack([self.tokens.read(int(s), self.block_size + 1) for s in starts]).astype(np.int64)
         x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))
         y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))
         if self.device.type == "cuda":
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
         return x.to(self.device), y.to(self.device)
+
+    def peek(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch that step ``step + 1`` will draw: what the exact MARS scheme needs one step ahead."""
+        return self.batch(step + 1, micro_step)
+
+
+def build_batches(data_cfg, split: str, *, batch_size: int, block_size: int, grad_accum_steps: int, seed: int,
+                  rank: int, world_size: int, device: torch.device, vocab_size: int) -> TokenBatches:
+    """The batches of ``split`` for a data config (``name``, ``dir``, ``sampling``): what the trainer calls."""
+    data_dir = resolve_data_dir(data_cfg.name, data_cfg.dir)
+    tokens = load_split(data_dir, split, vocab_size)
+    return TokenBatches(tokens, split, batch_size=batch_size, block_size=block_size, seed=seed,
+                        sampling=data_cfg.sampling, grad_accum_steps=grad_accum_steps, rank=rank,
+                        world_size=world_size, device=device)

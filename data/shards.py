@@ -3,7 +3,11 @@
 A shard is a 1024-byte header of 256 little-endian int32 -- [magic 20240520, version 1, token count, 0...] --
 followed by the tokens as little-endian uint16 (GPT-2's 50,257 ids fit). Shards are written to a temporary
 name and renamed, so a shard that exists is complete.
+
+A directory of shards made by ``data.prepare`` also holds ``manifest.json``: where the tokens came from, the
+tokenizer and its vocabulary size, the largest token id, and every shard with its token count.
 """
+import json
 import os
 from pathlib import Path
 
@@ -14,6 +18,7 @@ SHARD_VERSION = 1
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 TOKEN_DTYPE = np.dtype("<u2")
+MANIFEST_FILE = "manifest.json"
 
 
 class ShardError(ValueError):
@@ -62,3 +67,25 @@ def read_shard(path: str | os.PathLike) -> np.memmap:
     if num_tokens == 0:
         raise ShardError(f"{path} holds no tokens")
     return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(num_tokens,))
+
+
+def write_manifest(directory: str | os.PathLike, manifest: dict) -> None:
+    """Write ``manifest.json`` into ``directory`` atomically."""
+    path = Path(directory) / MANIFEST_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def read_manifest(directory: str | os.PathLike) -> dict | None:
+    """The manifest of a shard directory, or None if it has none (shards made by llm.c or by hand)."""
+    path = Path(directory) / MANIFEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ShardError(f"{path} is not valid JSON ({err}): prepare the corpus again") from None
+    if not isinstance(manifest, dict):
+        raise ShardError(f"{path} does not hold a JSON object: prepare the corpus again")
+    return manifest

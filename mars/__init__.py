@@ -1,0 +1,5 @@
+"""MARS (arXiv 2411.10438) and the Muon baseline as ``torch.optim`` optimizers; needs only torch."""
+from mars.muon import Muon
+from mars.optimizer import MARS, available_backends
+
+__all__ = ["MARS", "Muon", "available_backends"]

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from data.embedded import clean_play, play_files
+
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["model.n_layer=2", "model.n_head=2", "model.n_embd=64", "train.batch_size=2", "train.block_size=32",
          "train.eval_iters=2", "train.warmup_iters=2", "train.log_interval=1", "train.device=cpu"]
@@ -69,3 +71,16 @@ def test_bad_value_stops_at_start_with_one_message(tmp_path):
     assert result.returncode != 0
     assert "train.batch_size must be a positive integer" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_trains_sequentially_from_a_directory_prepared_from_local_files(tmp_path):
+    corpus = tmp_path / "plays.jsonl"
+    corpus.write_text("".join(json.dumps({"text": clean_play(p.read_text())}) + "\n" for p in play_files()[:3]))
+    shards = tmp_path / "shards"
+    subprocess.run([sys.executable, "-m", "data.prepare", "files", str(corpus), "--out", str(shards),
+                    "--shard-size", "50000", "--val-tokens", "20000", "--workers", "2"],
+                   cwd=REPO, check=True, capture_output=True, timeout=600)
+    run_train(tmp_path / "run", *SMALL, "data=custom", f"data.dir={shards}", "data.sampling=sequential",
+              "train.max_iters=5", "train.eval_interval=5")
+    assert [r["step"] for r in metrics(tmp_path / "run") if "val/loss" in r] == [0, 5]

@@ -19,7 +19,7 @@ def load(*overrides):
 def test_default_config_is_the_tiny_cpu_run_and_validates():
     cfg = load()
     assert (cfg.model.n_layer, cfg.model.n_embd) == (4, 128)
-    assert cfg.optimizer.name == "adamw" and cfg.data.name == "embedded"
+    assert cfg.optimizer.name == "mars" and cfg.optimizer.mars_type == "mars-adamw" and cfg.data.name == "embedded"
     validate(cfg)
 
 

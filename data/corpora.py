@@ -1,0 +1,47 @@
+"""The named corpora: where each one's shards live by default and which command makes them.
+
+Kept apart from ``data.prepare`` so that the trainer can find a corpus without importing ``datasets``.
+"""
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class HubCorpus:
+    """A corpus on the Hugging Face Hub that ``python -m data.prepare <name>`` turns into token shards."""
+
+    name: str  # the prepare sub-command and the data config's `name`
+    path: str  # the Hub dataset id
+    config: str | None = None  # the Hub dataset's config ("subset"), if it has several
+    text_column: str = "text"
+
+    @property
+    def directory_name(self) -> str:
+        return f"{self.name}-{self.config}" if self.config else self.name
+
+
+FINEWEB_EDU_SAMPLES = ("sample-10BT", "sample-100BT")
+HUB_CORPORA = {
+    "openwebtext": HubCorpus("openwebtext", "Skylion007/openwebtext"),
+    "fineweb-edu": HubCorpus("fineweb-edu", "HuggingFaceFW/fineweb-edu", config=FINEWEB_EDU_SAMPLES[0]),
+}
+
+
+def data_root() -> Path:
+    """Where prepared corpora live unless told otherwise: $MARS_DATA_CACHE, else ~/.cache/mars-gpt2."""
+    base = os.environ.get("MARS_DATA_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "mars-gpt2"
+    )
+    return Path(base)
+
+
+def default_directory(corpus: HubCorpus) -> Path:
+    return data_root() / corpus.directory_name
+
+
+def prepare_command(name: str, out: str | os.PathLike | None = None) -> str:
+    """The command that creates the shard directory of data config ``name`` (at ``out``, if not the default)."""
+    if name in HUB_CORPORA:
+        return f"python -m data.prepare {name}" + (f" --out {out}" if out else "")
+    return f"python -m data.prepare files YOUR_FILES... --out {out or 'DIR'}"

@@ -1,0 +1,125 @@
+"""Muon, the baseline of the MARS paper, as its authors ran it (AGI-Arena/MARS ``optimizers/muon.py``,
+adapted from KellerJordan/modded-nanogpt), with AdamW for the tensors that are not 2-D in the same object."""
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mars import reference
+from mars.optimizer import (
+    check_betas,
+    check_non_negative,
+    check_real_params,
+    float32_zeros_like,
+    restore_float32_state,
+)
+
+
+class Muon(torch.optim.Optimizer):
+    r"""MomentUm Orthogonalized by Newton-Schulz (Jordan et al., 2024), the Muon baseline of arXiv 2411.10438.
+
+    For a 2-D tensor with gradient :math:`g_t` (rows x cols):
+
+    .. math::
+        b_t &= \mu b_{t-1} + g_t \\
+        d_t &= g_t + \mu b_t \ \text{(nesterov)} \quad\text{or}\quad d_t = b_t \\
+        x_{t+1} &= x_t (1 - \eta_t \lambda) - \eta_t \, \mathrm{NS}_k(d_t) \sqrt{\max(1, rows/cols)}
+
+    where :math:`\mathrm{NS}_k` is :func:`mars.reference.newton_schulz5` with ``ns_steps`` iterations. Other
+    tensors take AdamW (:func:`mars.reference.adamw_step`) with ``adamw_betas``, ``adamw_eps``,
+    ``adamw_weight_decay`` and learning rate :math:`\eta_t \cdot` ``adamw_lr / lr``, so one schedule on
+    ``group['lr']`` drives both. State is float32 whatever the parameter dtype. The authors' multi-GPU code
+    also rounds each update to bfloat16 in its all-reduce buffer; this single-process version does not.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 0.02,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        weight_decay: float = 0.0,
+        adamw_lr: float = 3e-3,
+        adamw_betas: tuple[float, float] = (0.9, 0.95),
+        adamw_eps: float = 1e-8,
+        adamw_weight_decay: float = 0.1,
+    ):
+        if not lr > 0.0:
+            raise ValueError(f"lr must be > 0 (adamw_lr is applied as the ratio adamw_lr / lr), got {lr!r}")
+        check_non_negative(adamw_lr=adamw_lr)
+        defaults = dict(
+            lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, weight_decay=weight_decay,
+            adamw_lr_ratio=adamw_lr / lr, adamw_betas=adamw_betas, adamw_eps=adamw_eps,
+            adamw_weight_decay=adamw_weight_decay,
+        )
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group after checking its hyperparameters (defaults filled in) and its parameters."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        check_real_params(group["params"], "Muon")
+        check_non_negative(
+            lr=group["lr"], weight_decay=group["weight_decay"], adamw_eps=group["adamw_eps"],
+            adamw_weight_decay=group["adamw_weight_decay"],
+        )
+        if not 0.0 <= group["momentum"] < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {group['momentum']!r}")
+        if not (isinstance(group["ns_steps"], int) and group["ns_steps"] >= 1):
+            raise ValueError(f"ns_steps must be an int >= 1, got {group['ns_steps']!r}")
+        check_betas("adamw_betas", group["adamw_betas"])
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step on every parameter that has a gradient; returns the closure's loss, if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                if param.grad.is_sparse:
+                    raise RuntimeError("Muon does not support sparse gradients; use dense gradients for this parameter")
+                if param.dim() == 2:
+                    self._muon_step(param, group)
+                else:
+                    self._adamw_step(param, group)
+        return loss
+
+    def _muon_step(self, param: Tensor, group: dict[str, Any]) -> None:
+        """Orthogonalised (Nesterov) momentum step of one 2-D tensor."""
+        state = self.state[param]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = float32_zeros_like(param)
+        momentum_buffer = state["momentum_buffer"]
+        grad = param.grad.float()
+        momentum_buffer.mul_(group["momentum"]).add_(grad)
+        direction = grad.add(momentum_buffer, alpha=group["momentum"]) if group["nesterov"] else momentum_buffer
+        shape_scale = max(1.0, param.size(0) / param.size(1)) ** 0.5
+        update = reference.newton_schulz5(direction, steps=group["ns_steps"]).mul_(shape_scale)
+        lr = group["lr"]
+        param32 = param.float()
+        param32.mul_(1.0 - lr * group["weight_decay"]).add_(update, alpha=-lr)
+        param.copy_(param32)
+
+    def _adamw_step(self, param: Tensor, group: dict[str, Any]) -> None:
+        """AdamW step of one tensor that is not 2-D."""
+        state = self.state[param]
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key not in state:
+                state[key] = float32_zeros_like(param)
+        state["step"] = state.get("step", 0) + 1
+        beta1, beta2 = group["adamw_betas"]
+        reference.adamw_step(
+            param, param.grad, state["exp_avg"], state["exp_avg_sq"], None,
+            step=state["step"], lr=group["lr"] * group["adamw_lr_ratio"], beta1=beta1, beta2=beta2,
+            eps=group["adamw_eps"], weight_decay=group["adamw_weight_decay"], amsgrad=False,
+        )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load as ``torch.optim.Optimizer`` does, keeping float32 state for low-precision parameters."""
+        super().load_state_dict(state_dict)
+        restore_float32_state(self, state_dict)

@@ -1,0 +1,373 @@
+"""``torch.optim`` front end for MARS: gathers each parameter group's tensors and hands them to a backend.
+
+The update rules live in :mod:`mars.reference`; the backends (:mod:`mars.torch_backend`,
+:mod:`mars.triton_backend`) compute the same rules over whole lists of tensors and are tested against it.
+"""
+import importlib
+import importlib.util
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from itertools import chain
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mars import reference
+
+BACKENDS = ("auto", "reference", "torch", "triton")
+
+
+def triton_is_installed() -> bool:
+    """Whether the ``triton`` package can be imported (it is not needed for the CPU backends)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_interpreter_enabled() -> bool:
+    """Whether Triton kernels may run on CPU tensors through its interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def available_backends(device: torch.device | str = "cpu") -> tuple[str, ...]:
+    """The explicit backends that can run on ``device`` here (``"auto"`` always can)."""
+    device = torch.device(device)
+    names = ["reference", "torch"]
+    if triton_is_installed() and (device.type == "cuda" or triton_interpreter_enabled()):
+        names.append("triton")
+    return tuple(names)
+
+
+def check_betas(name: str, betas: Any) -> None:
+    """Raise a ValueError naming ``name`` unless ``betas`` is a pair with 0 <= beta < 1."""
+    if len(betas) != 2 or not all(0.0 <= beta < 1.0 for beta in betas):
+        raise ValueError(f"{name} must be a pair (beta1, beta2) with 0 <= beta < 1, got {betas!r}")
+
+
+def check_non_negative(**values: float) -> None:
+    """Raise a ValueError naming the first argument that is negative (or NaN)."""
+    for name, value in values.items():
+        if not value >= 0.0:
+            raise ValueError(f"{name} must be >= 0, got {value!r}")
+
+
+def check_real_params(params: Iterable[Tensor], optimizer_name: str) -> None:
+    """Raise a ValueError for complex parameters, which the update rules do not define."""
+    if any(torch.is_complex(param) for param in params):
+        raise ValueError(
+            f"{optimizer_name} does not support complex parameters; optimize torch.view_as_real(param) instead"
+        )
+
+
+def float32_zeros_like(param: Tensor) -> Tensor:
+    """A contiguous float32 state buffer shaped like ``param``, whatever the parameter's dtype."""
+    return torch.zeros_like(param, dtype=torch.float32, memory_format=torch.contiguous_format)
+
+
+def restore_float32_state(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+    """Undo ``Optimizer.load_state_dict``'s cast of floating state to the parameter dtype.
+
+    torch assumes state has the parameter's dtype; these optimizers keep float32 state for bfloat16/float16
+    parameters, and a cast to bfloat16 and back would silently change the next step.
+    """
+    saved_ids = chain.from_iterable(group["params"] for group in state_dict["param_groups"])
+    params = chain.from_iterable(group["params"] for group in optimizer.param_groups)
+    for saved_id, param in zip(saved_ids, params):
+        if param.dtype == torch.float32:
+            continue
+        for key, value in state_dict["state"].get(saved_id, {}).items():
+            if torch.is_tensor(value) and value.is_floating_point():
+                optimizer.state[param][key] = value.to(device=param.device, dtype=torch.float32, copy=True)
+
+
+def _reference_mars_group_step(
+    params, grads, last_grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *, steps, remember_grad, **hyper
+) -> None:
+    """The backend interface over :func:`mars.reference.mars_step`, one tensor at a time."""
+    for i, (param, grad, last_grad, exp_avg) in enumerate(zip(params, grads, last_grads, exp_avgs)):
+        reference.mars_step(
+            param, grad, last_grad, exp_avg,
+            None if exp_avg_sqs is None else exp_avg_sqs[i],
+            None if max_exp_avg_sqs is None else max_exp_avg_sqs[i],
+            step=steps[i], **hyper,
+        )
+        if remember_grad:
+            last_grad.copy_(grad)
+
+
+def _reference_adamw_group_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *, steps, **hyper) -> None:
+    """The backend interface over :func:`mars.reference.adamw_step`, one tensor at a time."""
+    for i, (param, grad, exp_avg, exp_avg_sq) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
+        reference.adamw_step(
+            param, grad, exp_avg, exp_avg_sq,
+            None if max_exp_avg_sqs is None else max_exp_avg_sqs[i],
+            step=steps[i], **hyper,
+        )
+
+
+# Also the path for mars-shampoo's 2-D tensors in every backend: Newton-Schulz is a chain of matmuls per
+# tensor, so there is nothing to fuse across tensors.
+REFERENCE_BACKEND = SimpleNamespace(
+    mars_group_step=_reference_mars_group_step, adamw_group_step=_reference_adamw_group_step
+)
+
+
+class MARS(torch.optim.Optimizer):
+    r"""MARS: variance-reduced preconditioned optimization (Yuan et al., 2024, arXiv 2411.10438).
+
+    For a tensor taking the MARS rule (2-D tensors, or all with ``optimize_1d``), with gradient
+    :math:`g_t = \nabla f(x_t, \xi_t)` and remembered gradient :math:`\tilde g_{t-1}`:
+
+    .. math::
+        c_t &= g_t + \gamma \tfrac{\beta_1}{1-\beta_1} (g_t - \tilde g_{t-1}),
+               \qquad c_t \leftarrow c_t / \|c_t\|_2 \text{ if } \|c_t\|_2 > 1 \\
+        m_t &= \beta_1 m_{t-1} + (1-\beta_1) c_t \\
+        \text{mars-adamw:}\quad v_t &= \beta_2 v_{t-1} + (1-\beta_2) c_t^2,\quad
+               u_t = \frac{m_t / (1-\beta_1^t)}{\sqrt{v_t / (1-\beta_2^t)} + \epsilon}
+               \quad (\text{amsgrad: } v_t \leftarrow \max(v_t, v_{t-1}^{\max})) \\
+        \text{mars-lion:}\quad u_t &= \operatorname{sign}(m_t) \\
+        \text{mars-shampoo:}\quad u_t &= \mathrm{NS}_5\!\big(m_t / (1-\beta_1)\big)\sqrt{\max(1, rows/cols)} \\
+        x_{t+1} &= x_t - \eta_t (u_t + \lambda x_t)
+
+    Other tensors (biases, norms) take AdamW on :math:`g_t` with ``betas_1d``, weight decay
+    ``weight_decay_1d`` (the group's ``weight_decay`` does not apply to them) and learning rate
+    :math:`\eta_t \cdot` ``lr_1d / lr``, so one schedule on ``group['lr']`` drives both.
+
+    The remembered gradient :math:`\tilde g_{t-1}` depends on the scheme:
+
+    * approximate (``is_approx=True``, the paper's MARS-approx): :math:`\tilde g_{t-1} = g_{t-1}`, the
+      previous step's gradient, copied by ``step()``. The training loop is the usual one.
+    * exact (``is_approx=False``): :math:`\tilde g_{t-1} = \nabla f(x_{t-1}, \xi_t)`, the gradient of the
+      *current* batch at the *previous* parameters (zeros at the first step). Each iteration evaluates the
+      next batch at the current parameters before stepping::
+
+          loss_fn(model, next_batch).backward()   # (clip gradients here as for the step)
+          optimizer.stash_lookahead_grad()        # remembered for the next step
+          optimizer.zero_grad()
+          loss_fn(model, batch).backward()        # (clip)
+          optimizer.step()                        # uses the stash from the previous iteration
+          optimizer.zero_grad()
+
+      The official call names ``update_previous_grad()`` (= ``stash_lookahead_grad()``) and
+      ``update_last_grad()`` work too; ``step()`` already promotes the stash, so a later
+      ``update_last_grad()`` changes nothing.
+
+    State (float32 whatever the parameter dtype): ``step`` (int, per tensor), ``exp_avg``, ``exp_avg_sq``
+    (when the rule needs it), ``max_exp_avg_sq`` (amsgrad), ``last_grad`` and, in the exact scheme,
+    ``previous_grad`` (the stash).
+
+    Args:
+        params: parameters or parameter groups.
+        lr: learning rate of the MARS rule; must be > 0 because ``lr_1d`` is applied as the ratio ``lr_1d / lr``.
+        betas: (beta1, beta2) of the MARS rule.
+        eps: added to the Adam denominator (and the Newton-Schulz normalisation guard for mars-shampoo).
+        weight_decay: decoupled weight decay of the MARS rule.
+        amsgrad: divide by the running maximum of the second moment.
+        gamma: strength of the variance-reduction correction (0 gives Adam/Lion/Shampoo with a norm clip).
+        is_approx: approximate scheme (True) or exact scheme (False), see above.
+        mars_type: ``"mars-adamw"``, ``"mars-lion"`` or ``"mars-shampoo"``.
+        optimize_1d: also apply the MARS rule to tensors that are not 2-D.
+        lr_1d, betas_1d, weight_decay_1d: AdamW settings of tensors that are not 2-D; ``lr_1d`` is kept as
+            ``group['lr_1d_ratio'] = lr_1d / lr`` so that it follows the group's scheduled lr.
+        backend: ``"reference"`` (per-tensor loop of :mod:`mars.reference`), ``"torch"`` (foreach ops),
+            ``"triton"`` (fused kernels; CUDA, or CPU under ``TRITON_INTERPRET=1``) or ``"auto"``
+            (triton for CUDA tensors when it is installed, torch otherwise). mars-shampoo's 2-D tensors
+            always take the reference path (Newton-Schulz by torch matmuls).
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 3e-3,
+        betas: tuple[float, float] = (0.95, 0.99),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        gamma: float = 0.025,
+        is_approx: bool = True,
+        mars_type: str = "mars-adamw",
+        optimize_1d: bool = False,
+        lr_1d: float = 3e-3,
+        betas_1d: tuple[float, float] = (0.9, 0.95),
+        weight_decay_1d: float = 0.1,
+        backend: str = "auto",
+    ):
+        if not lr > 0.0:
+            raise ValueError(f"lr must be > 0 (lr_1d is applied as the ratio lr_1d / lr), got {lr!r}")
+        check_non_negative(lr_1d=lr_1d)
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "triton" and not triton_is_installed():
+            raise ValueError("backend='triton' needs the triton package; install it or use backend='torch'")
+        defaults = dict(
+            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, gamma=gamma,
+            mars_type=mars_type, optimize_1d=optimize_1d, lr_1d_ratio=lr_1d / lr, betas_1d=betas_1d,
+            weight_decay_1d=weight_decay_1d,
+        )
+        self.is_approx = is_approx
+        self.backend = backend
+        self._lookahead_stashed = False
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group after checking its hyperparameters (defaults filled in) and its parameters."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        check_real_params(group["params"], "MARS")
+        check_non_negative(
+            lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"], gamma=group["gamma"],
+            weight_decay_1d=group["weight_decay_1d"],
+        )
+        check_betas("betas", group["betas"])
+        check_betas("betas_1d", group["betas_1d"])
+        if group["mars_type"] not in reference.MARS_TYPES:
+            raise ValueError(f"mars_type must be one of {reference.MARS_TYPES}, got {group['mars_type']!r}")
+
+    @property
+    def needs_lookahead_grad(self) -> bool:
+        """True in the exact scheme: call ``stash_lookahead_grad()`` before every ``step()``."""
+        return not self.is_approx
+
+    @torch.no_grad()
+    def stash_lookahead_grad(self) -> None:
+        """Exact scheme: remember ``p.grad`` (the next batch at the current parameters) for the next step.
+
+        A no-op in the approximate scheme, as the official ``update_previous_grad``.
+        """
+        if self.is_approx:
+            return
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None or not reference.uses_mars_rule(param, group["optimize_1d"]):
+                    continue
+                state = self.state[param]
+                if "previous_grad" not in state:
+                    state["previous_grad"] = float32_zeros_like(param)
+                state["previous_grad"].copy_(param.grad)
+        self._lookahead_stashed = True
+
+    update_previous_grad = stash_lookahead_grad
+
+    @torch.no_grad()
+    def update_last_grad(self) -> None:
+        """Exact scheme: make the stash the remembered gradient. ``step()`` already does it; repeating is harmless."""
+        if self.is_approx:
+            return
+        for state in self.state.values():
+            if "previous_grad" in state:
+                if "last_grad" not in state:
+                    state["last_grad"] = float32_zeros_like(state["previous_grad"])
+                state["last_grad"].copy_(state["previous_grad"])
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One MARS step on every parameter that has a gradient; returns the closure's loss, if given."""
+        if self.needs_lookahead_grad and not self._lookahead_stashed:
+            raise RuntimeError(
+                "MARS with is_approx=False needs stash_lookahead_grad() (the gradient of the next batch at the "
+                "current parameters) before every step(); see the class docstring for the loop"
+            )
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        # Checked before any update so that an error leaves every parameter and its state untouched.
+        if any(p.grad is not None and p.grad.is_sparse for group in self.param_groups for p in group["params"]):
+            raise RuntimeError("MARS does not support sparse gradients; use dense gradients (e.g. sparse=False)")
+        for group in self.param_groups:
+            self._step_group(group)
+        if self.needs_lookahead_grad:
+            self.update_last_grad()
+            self._lookahead_stashed = False
+        return loss
+
+    def _step_group(self, group: dict[str, Any]) -> None:
+        """Sort the group's tensors by update rule and device, then run each batch through its backend."""
+        mars_type, optimize_1d, amsgrad = group["mars_type"], group["optimize_1d"], group["amsgrad"]
+        backend_mars, shampoo_2d, adamw = [], [], []
+        for param in group["params"]:
+            if param.grad is None:
+                continue
+            if not reference.uses_mars_rule(param, optimize_1d):
+                adamw.append(param)
+            elif mars_type == "mars-shampoo" and param.dim() == 2:
+                shampoo_2d.append(param)
+            else:
+                backend_mars.append(param)
+
+        # mars-shampoo's tensors that are not 2-D take the AdamW-style MARS rule, as in the official code.
+        backend_mars_type = "mars-adamw" if mars_type == "mars-shampoo" else mars_type
+        beta1, beta2 = group["betas"]
+        mars_hyper = dict(
+            lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+            gamma=group["gamma"], amsgrad=amsgrad, remember_grad=self.is_approx,
+        )
+        for device, params in _by_device(backend_mars):
+            self._run_mars(self._backend_for(device), params, mars_type=backend_mars_type, **mars_hyper)
+        if shampoo_2d:
+            self._run_mars(REFERENCE_BACKEND, shampoo_2d, mars_type="mars-shampoo", **mars_hyper)
+
+        beta1_1d, beta2_1d = group["betas_1d"]
+        for device, params in _by_device(adamw):
+            self._backend_for(device).adamw_group_step(
+                params, [p.grad for p in params], self._buffers(params, "exp_avg"),
+                self._buffers(params, "exp_avg_sq"), self._buffers(params, "max_exp_avg_sq", needed=amsgrad),
+                steps=self._advance_steps(params), lr=group["lr"] * group["lr_1d_ratio"], beta1=beta1_1d,
+                beta2=beta2_1d, eps=group["eps"], weight_decay=group["weight_decay_1d"], amsgrad=amsgrad,
+            )
+
+    def _run_mars(self, backend: Any, params: list[Tensor], *, mars_type: str, amsgrad: bool, **hyper) -> None:
+        """Run the MARS rule of ``backend`` on ``params``, creating missing state first."""
+        has_second_moment = mars_type != "mars-lion"
+        backend.mars_group_step(
+            params, [p.grad for p in params], self._buffers(params, "last_grad"), self._buffers(params, "exp_avg"),
+            self._buffers(params, "exp_avg_sq", needed=has_second_moment),
+            self._buffers(params, "max_exp_avg_sq", needed=amsgrad and has_second_moment),
+            steps=self._advance_steps(params), mars_type=mars_type, amsgrad=amsgrad and has_second_moment,
+            **hyper,
+        )
+
+    def _buffers(self, params: list[Tensor], key: str, needed: bool = True) -> list[Tensor] | None:
+        """Each parameter's float32 state buffer ``key`` (zeros when new), or None when the rule has no use for it."""
+        if not needed:
+            return None
+        for param in params:
+            state = self.state[param]
+            if key not in state:
+                state[key] = float32_zeros_like(param)
+        return [self.state[param][key] for param in params]
+
+    def _advance_steps(self, params: list[Tensor]) -> list[int]:
+        """Increment and return each tensor's own step counter."""
+        for param in params:
+            state = self.state[param]
+            state["step"] = state.get("step", 0) + 1
+        return [self.state[p]["step"] for p in params]
+
+    def _backend_for(self, device: torch.device) -> ModuleType | SimpleNamespace:
+        """The backend module for tensors on ``device``; never falls back silently to other math."""
+        name = self.backend
+        if name == "auto":
+            name = "triton" if device.type == "cuda" and triton_is_installed() else "torch"
+        if name == "reference":
+            return REFERENCE_BACKEND
+        if name == "triton" and device.type != "cuda" and not triton_interpreter_enabled():
+            raise RuntimeError(
+                f"backend='triton' got tensors on {device}; Triton runs on CUDA, or on the CPU only with the "
+                "environment variable TRITON_INTERPRET=1 (slow, for tests). Use backend='torch' on the CPU."
+            )
+        return importlib.import_module(f"mars.{name}_backend")
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load as ``torch.optim.Optimizer`` does, keeping float32 state for low-precision parameters."""
+        super().load_state_dict(state_dict)
+        restore_float32_state(self, state_dict)
+
+
+def _by_device(params: list[Tensor]) -> Iterable[tuple[torch.device, list[Tensor]]]:
+    """Parameters grouped by device, since each backend call takes tensors on one device."""
+    groups: dict[torch.device, list[Tensor]] = defaultdict(list)
+    for param in params:
+        groups[param.device].append(param)
+    return groups.items()

@@ -1,0 +1,62 @@
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from configs.schema import register_configs
+from mars import MARS, Muon
+from model import GPT, GPTConfig
+from training.optimizers import build_optimizer, param_groups
+
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+OPTIMIZERS = sorted(p.stem for p in Path(CONFIG_DIR, "optimizer").glob("*.yaml"))
+register_configs()
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=64, bias=True))
+
+
+def test_nanogpt_grouping_decays_matrices_only():
+    model = tiny_model()
+    decay, no_decay = param_groups(model, 0.1, decay_embeddings=True)
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_authors_grouping_keeps_embeddings_out_of_weight_decay():
+    model = tiny_model()
+    decay, no_decay = param_groups(model, 0.1, decay_embeddings=False)
+    embeddings = {id(model.transformer.wte.weight), id(model.transformer.wpe.weight)}
+    assert embeddings <= {id(p) for p in no_decay["params"]}
+    assert not embeddings & {id(p) for p in decay["params"]}
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_every_optimizer_config_builds_and_takes_a_step(name):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=[f"optimizer={name}"])
+    model = tiny_model()
+    optimizer = build_optimizer(cfg.optimizer, model)
+    expected = {"adamw": torch.optim.AdamW, "muon": Muon}.get(name, MARS)
+    assert isinstance(optimizer, expected)
+    before = [p.detach().clone() for p in model.parameters()]
+    idx = torch.randint(0, 64, (2, 8))
+    model(idx, idx)[1].backward()
+    if getattr(optimizer, "needs_lookahead_grad", False):
+        optimizer.stash_lookahead_grad()
+    optimizer.step()
+    assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+def test_mars_config_overrides_reach_the_optimizer():
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=["optimizer=mars-lion", "optimizer.gamma=0.05",
+                                                       "optimizer.is_approx=false", "optimizer.lr=1e-3"])
+    optimizer = build_optimizer(cfg.optimizer, tiny_model())
+    group = optimizer.param_groups[0]
+    assert (group["mars_type"], group["gamma"], group["lr"]) == ("mars-lion", 0.05, 1e-3)
+    assert optimizer.needs_lookahead_grad
