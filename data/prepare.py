@@ -72,7 +72,16 @@ def files_source(paths: list[Path], text_column: str = "text") -> dict:
 def load_documents(source: dict) -> Iterator[str]:
     """The documents of ``source`` as strings, in their stored order, streamed."""
     if "hub" in source:
-        dataset = load_dataset(source["hub"], name=source["config"], split="train", streaming=True)
+        try:
+            dataset = load_dataset(source["hub"], name=source["config"], split="train", streaming=True)
+        except RuntimeError as err:
+            if "scripts are no longer supported" not in str(err):
+                raise
+            # datasets >= 4 refuses Hub repositories that still load through a Python script.
+            raise ValueError(
+                f"{source['hub']} on the Hub still loads through a dataset script, which datasets >= 4 cannot "
+                "run: download its data files yourself and use `python -m data.prepare files FILES... --out DIR`"
+            ) from None
     else:
         text_options = {"sample_by": "document", "keep_linebreaks": True} if source["format"] == "text" else {}
         dataset = load_dataset(source["format"], data_files=[f["path"] for f in source["files"]], split="train",
