@@ -3,7 +3,9 @@
     python train.py                                   # tiny GPT-2 on the embedded corpus, CPU, a few minutes
     python train.py model=gpt2-small optimizer=mars-adamw data=openwebtext
     python train.py train.resume=true hydra.run.dir=outputs/my-run   # continue from its latest checkpoint
+    torchrun --standalone --nproc_per_node=8 train.py model=gpt2-small ...   # data parallel (DDP)
 """
+import contextlib
 import logging
 import math
 import time
@@ -18,7 +20,10 @@ from configs.schema import register_configs, validate
 from data.loader import TokenBatches, build_batches
 from model import GPT, GPTConfig
 from training.checkpoint import latest_checkpoint, save_checkpoint
+from training.distributed import (DistributedContext, all_gather_objects, barrier, init_distributed,
+                                  shutdown_distributed, sum_across_ranks, wrap_data_parallel)
 from training.metrics import MetricsLogger
+from training.preemption import PreemptionSignal
 from training.optimizers import build_optimizer
 from training.runtime import (autocast_context, peak_flops, resolve_device, resolve_dtype, rng_state,
                               seed_everything, set_rng_state)
@@ -33,15 +38,21 @@ class TrainingDiverged(RuntimeError):
 
 
 def accumulate_gradients(model, batches: TokenBatches, step: int, grad_accum_steps: int, autocast) -> float:
-    """Forward and backward over the micro-batches of ``step``; returns the mean loss."""
-    total = 0.0
+    """Forward and backward over this rank's micro-batches of ``step``; returns their mean loss.
+
+    Under DDP the gradients are all-reduced once, on the last micro-batch (``no_sync`` before it).
+    """
+    total = torch.zeros((), device=batches.device)
     for micro_step in range(grad_accum_steps):
         x, y = batches.batch(step, micro_step)
-        with autocast:
+        last = micro_step == grad_accum_steps - 1
+        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+        with sync, autocast:
             _, loss = model(x, y)
-        (loss / grad_accum_steps).backward()
-        total += loss.item()
-    return total / grad_accum_steps
+        with sync:
+            (loss / grad_accum_steps).backward()
+        total += loss.detach()
+    return total.item() / grad_accum_steps
 
 
 def clip_gradients(model, max_norm: float) -> float:
@@ -50,17 +61,22 @@ def clip_gradients(model, max_norm: float) -> float:
 
 
 @torch.no_grad()
-def estimate_val_loss(model, batches: TokenBatches, eval_iters: int, autocast) -> float:
-    """Mean loss over the same ``eval_iters`` validation batches at every evaluation (comparable curves)."""
+def estimate_val_loss(model, batches: TokenBatches, eval_iters: int, autocast, ctx: DistributedContext) -> float:
+    """Mean loss over the same ``eval_iters`` validation batches at every evaluation (comparable curves).
+
+    The batches are shared out across ranks (global batch k*world_size + rank), so the result does not depend
+    on the number of processes.
+    """
     model.eval()
-    losses = []
-    for k in range(eval_iters):
+    total = torch.zeros((), device=batches.device)
+    local_batches = range(math.ceil((eval_iters - ctx.rank) / ctx.world_size))
+    for k in local_batches:
         x, y = batches.batch(step=0, micro_step=k)
         with autocast:
             _, loss = model(x, y)
-        losses.append(loss.item())
+        total += loss.float()
     model.train()
-    return sum(losses) / len(losses)
+    return sum_across_ranks(total.item(), ctx) / eval_iters
 
 
 def default_run_name(cfg: DictConfig) -> str:
@@ -81,20 +97,32 @@ def train(cfg: DictConfig) -> None:
     validate(cfg)
     t = cfg.train
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    device = resolve_device(t.device)
+    ctx = init_distributed(resolve_device(t.device))
+    try:
+        train_loop(cfg, t, run_dir, ctx)
+    finally:
+        shutdown_distributed()
+
+
+def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> None:
+    device = ctx.device
+    if not ctx.is_main:
+        logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the run
     dtype = resolve_dtype(t.dtype, device)
     autocast = autocast_context(device, dtype)
-    seed_everything(t.seed)
 
     batch_args = dict(batch_size=t.batch_size, block_size=t.block_size, grad_accum_steps=t.grad_accum_steps,
-                      seed=t.seed, rank=0, world_size=1, device=device, vocab_size=cfg.model.vocab_size)
+                      seed=t.seed, rank=ctx.rank, world_size=ctx.world_size, device=device,
+                      vocab_size=cfg.model.vocab_size)
     train_batches = build_batches(cfg.data, "train", **batch_args)
     val_batches = build_batches(cfg.data, "val", **batch_args)
 
+    seed_everything(t.seed)  # the same initial weights on every rank
     model_config = GPTConfig(**OmegaConf.to_container(cfg.model))
     model = GPT(model_config).to(device)
     optimizer = build_optimizer(cfg.optimizer, model)
     needs_lookahead = getattr(optimizer, "needs_lookahead_grad", False)
+    seed_everything(t.seed + ctx.rank)  # independent dropout per rank
 
     start_step, tokens_seen, checkpoint_path, wandb_run_id = 0, 0, None, None
     if t.resume:
@@ -105,33 +133,45 @@ def train(cfg: DictConfig) -> None:
             checkpoint_path, ckpt = found
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
-            set_rng_state(ckpt["rng"])
+            rng_states = ckpt["rng"]
+            if len(rng_states) == ctx.world_size:
+                set_rng_state(rng_states[ctx.rank])
+            else:
+                log.warning("the checkpoint was written by %d processes, this run has %d: the random streams "
+                            "(dropout) restart from train.seed", len(rng_states), ctx.world_size)
             start_step, tokens_seen, wandb_run_id = ckpt["step"], ckpt["tokens"], ckpt.get("wandb_run_id")
             log.info("resumed from %s at step %d", checkpoint_path, start_step)
-    train_model = torch.compile(model) if t.compile else model
+    train_model = wrap_data_parallel(torch.compile(model) if t.compile else model, ctx)
 
     config_dict = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     metrics = MetricsLogger(run_dir, cfg.wandb, config_dict, cfg.wandb.run_name or default_run_name(cfg),
-                            wandb_run_id)
+                            wandb_run_id, enabled=ctx.is_main)
     metrics.discard_after(start_step)
-    tokens_per_step = t.batch_size * t.block_size * t.grad_accum_steps
+    tokens_per_step = t.batch_size * t.block_size * t.grad_accum_steps * ctx.world_size
     flops_peak = peak_flops(device)
-    log.info("model %.2fM parameters | %d tokens per step | run dir %s",
-             model_config.num_params(non_embedding=False) / 1e6, tokens_per_step, run_dir)
+    log.info("model %.2fM parameters | %d processes | global batch %d tokens (%d x %d x %d accumulation x %d "
+             "ranks) | run dir %s", model_config.num_params(non_embedding=False) / 1e6, ctx.world_size,
+             tokens_per_step, t.batch_size, t.block_size, t.grad_accum_steps, ctx.world_size, run_dir)
 
     def evaluate(step: int) -> None:
-        val_loss = estimate_val_loss(train_model, val_batches, t.eval_iters, autocast)
+        val_loss = estimate_val_loss(train_model, val_batches, t.eval_iters, autocast, ctx)
         metrics.log({"step": step, "tokens": tokens_seen, "val/loss": val_loss})
 
     def checkpoint(step: int) -> Path:
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                 "tokens": tokens_seen, "rng": rng_state(), "config": config_dict,
-                 "wandb_run_id": metrics.wandb_run_id}
-        return save_checkpoint(run_dir, step, state, keep=t.keep_checkpoints)
+        rng_states = all_gather_objects(rng_state(), ctx)
+        path = None
+        if ctx.is_main:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                     "tokens": tokens_seen, "rng": rng_states, "config": config_dict,
+                     "wandb_run_id": metrics.wandb_run_id}
+            path = save_checkpoint(run_dir, step, state, keep=t.keep_checkpoints)
+        barrier(ctx)  # nobody moves on (or exits) before the checkpoint is on disk
+        return path
 
     schedule = dict(peak_lr=cfg.optimizer.lr, min_lr=t.min_lr, warmup_iters=t.warmup_iters,
                     decay_iters=t.decay_iters or t.max_iters, schedule=t.lr_schedule,
                     decay_fraction=t.decay_fraction)
+    preemption = PreemptionSignal()
     if start_step == 0:
         evaluate(0)
     window_seconds, window_steps = 0.0, 0
@@ -148,7 +188,8 @@ def train(cfg: DictConfig) -> None:
             optimizer.zero_grad(set_to_none=True)
         train_loss = accumulate_gradients(train_model, train_batches, step, t.grad_accum_steps, autocast)
         grad_norm = clip_gradients(model, t.grad_clip)
-        # Checked every step (one host sync) so that a divergence names the exact step it happened at.
+        # Checked every step (one host sync) so that a divergence names the exact step it happened at. The
+        # gradient norm is the same on every rank (all-reduced gradients), so all ranks stop together.
         if not (math.isfinite(train_loss) and math.isfinite(grad_norm)):
             raise TrainingDiverged(
                 f"non-finite training loss {train_loss} / gradient norm {grad_norm} at step {step + 1}; "
@@ -167,17 +208,25 @@ def train(cfg: DictConfig) -> None:
 
         if done % t.log_interval == 0 or done == t.max_iters:
             tokens_per_s = window_steps * tokens_per_step / window_seconds
-            record = {"step": done, "tokens": tokens_seen, "lr": lr, "train/loss": train_loss,
+            record = {"step": done, "tokens": tokens_seen, "lr": lr,
+                      "train/loss": sum_across_ranks(train_loss, ctx) / ctx.world_size,
                       "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
                       "step_ms": 1000 * window_seconds / window_steps}
             if flops_peak:
-                record["mfu"] = tokens_per_s * model_config.flops_per_token(t.block_size) / flops_peak
+                record["mfu"] = tokens_per_s / ctx.world_size * model_config.flops_per_token(t.block_size) / flops_peak
+            if device.type == "cuda":
+                record["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
             metrics.log(record)
             window_seconds, window_steps = 0.0, 0
         if done % t.eval_interval == 0 or done == t.max_iters:
             evaluate(done)
-        if done % t.checkpoint_interval == 0 or done == t.max_iters:
+        preempted = preemption.received(ctx)
+        if done % t.checkpoint_interval == 0 or done == t.max_iters or preempted:
             checkpoint_path = checkpoint(done)
+        if preempted:
+            log.warning("stopping after step %d on a termination signal; %s holds the run's state: resume it "
+                        "with train.resume=true", done, checkpoint_path or "the checkpoint")
+            break
     metrics.close()
 
 

@@ -4,12 +4,14 @@ Hydra merges every YAML file into these dataclasses, so an unknown key or a valu
 run at start with a message naming the key. Checks that need more than a type (ranges, cross-field rules)
 live in ``validate``.
 """
+import datetime
+import os
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 class LrSchedule(str, Enum):
@@ -149,7 +151,21 @@ class Config:
 OPTIMIZER_SCHEMAS: dict[str, type] = {"adamw": AdamWConfig, "mars": MarsConfig, "muon": MuonConfig}
 
 
+def run_stamp() -> str:
+    """The run directory's name under outputs/: the start time, or torchrun's run id under torchrun.
+
+    Every rank of a torchrun job (and every elastic restart of it) sees the same run id, while their clocks may
+    straddle a second: the ranks must agree on one directory.
+    """
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    if run_id != "none":
+        return f"torchrun-{run_id}"
+    return datetime.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+
+
 def register_configs() -> None:
+    if not OmegaConf.has_resolver("run_stamp"):
+        OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
     for name, schema in OPTIMIZER_SCHEMAS.items():

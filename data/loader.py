@@ -5,7 +5,7 @@ A split is ``{split}.bin`` (the embedded corpus, nanoGPT's layout) or numbered s
 shard order. Two sampling modes:
 
 - ``random`` (nanoGPT, and the official MARS trainer): each window starts at a uniformly random token, drawn
-  from a generator seeded by (seed, split, step, micro-step, rank).
+  from a generator seeded by (seed, split, step, global micro-batch index micro_step * world_size + rank).
 - ``sequential`` (llm.c): the stream is cut into contiguous, non-overlapping windows that are served in order,
   wrapping around at the end of the split (the next epoch). Micro-batch ``(step, micro_step)`` of rank ``r``
   out of ``world_size`` takes the ``batch_size`` windows starting at window
@@ -205,7 +205,10 @@ class TokenBatches:
         if self.sampling == Sampling.sequential:
             windows = self._first_window(step, micro_step) + np.arange(self.batch_size)
             return (windows % self.windows_per_epoch) * self.block_size
-        rng = np.random.default_rng([self.seed, _SPLIT_IDS[self.split], step, micro_step, self.rank])
+        # Seeded by the global micro-batch index, so that N ranks draw what one process with N times the
+        # accumulation would.
+        global_micro_step = micro_step * self.world_size + self.rank
+        rng = np.random.default_rng([self.seed, _SPLIT_IDS[self.split], step, global_micro_step])
         return rng.integers(0, len(self.tokens) - self.block_size, size=self.batch_size)
 
     def batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

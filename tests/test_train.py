@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from data.embedded import clean_play, play_files
 
@@ -84,3 +85,14 @@ def test_trains_sequentially_from_a_directory_prepared_from_local_files(tmp_path
     run_train(tmp_path / "run", *SMALL, "data=custom", f"data.dir={shards}", "data.sampling=sequential",
               "train.max_iters=5", "train.eval_interval=5")
     assert [r["step"] for r in metrics(tmp_path / "run") if "val/loss" in r] == [0, 5]
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_records_the_curves_and_its_id_in_the_checkpoint(tmp_path):
+    run_train(tmp_path, *SMALL, "train.max_iters=4", "train.eval_interval=2", "wandb.mode=offline")
+    run_files = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(run_files) == 1
+    history = run_files[0].read_bytes()  # wandb's protobuf records keep metric names as plain strings
+    assert b"val/loss" in history and b"train/loss" in history
+    checkpoint = torch.load(tmp_path / "checkpoints" / "ckpt_00000004.pt", weights_only=True)
+    assert run_files[0].name == f"run-{checkpoint['wandb_run_id']}.wandb"  # a resume continues this run

@@ -14,8 +14,15 @@ def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return []
+    records = []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                # A run killed mid-write leaves a torn last line; what came before it is intact.
+                log.warning("ignoring a torn line in %s: %r", path, line[:80])
+    return records
 
 
 def format_record(record: dict) -> str:
@@ -28,12 +35,17 @@ def format_record(record: dict) -> str:
 
 
 class MetricsLogger:
-    """Appends one JSON object per event to ``metrics.jsonl`` and mirrors it to wandb."""
+    """Appends one JSON object per event to ``metrics.jsonl`` and mirrors it to wandb.
 
-    def __init__(self, run_dir: Path, wandb_cfg, config: dict, run_name: str, wandb_run_id: str | None = None):
+    Under DDP only rank 0 logs: the others get ``enabled=False`` and every call is a no-op.
+    """
+
+    def __init__(self, run_dir: Path, wandb_cfg, config: dict, run_name: str, wandb_run_id: str | None = None,
+                 enabled: bool = True):
         self.path = Path(run_dir) / METRICS_FILE
+        self.enabled = enabled
         self.wandb_run = None
-        if wandb_cfg.mode != WandbMode.disabled:
+        if enabled and wandb_cfg.mode != WandbMode.disabled:
             import wandb
 
             self.wandb_run = wandb.init(
@@ -47,11 +59,15 @@ class MetricsLogger:
 
     def discard_after(self, step: int) -> None:
         """Drop records past ``step``: a resumed run rewrites what the interrupted one logged after its checkpoint."""
+        if not self.enabled:
+            return
         kept = [r for r in read_metrics(self.path.parent) if r["step"] <= step]
         with open(self.path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in kept)
 
     def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self.wandb_run is not None:

@@ -1,0 +1,51 @@
+"""Data-parallel training with torchrun on the CPU (Gloo), as on a cluster but with 2 processes."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_size=2", "train.block_size=32",
+         "train.eval_iters=2", "train.warmup_iters=1", "train.log_interval=1", "train.device=cpu",
+         "train.max_iters=4", "train.eval_interval=2", "train.checkpoint_interval=4"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+
+
+def run(command, run_dir, *overrides):
+    result = subprocess.run([*command, f"hydra.run.dir={run_dir}", *SMALL, *overrides], cwd=REPO,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    checkpoint = torch.load(Path(run_dir) / "checkpoints" / "ckpt_00000004.pt", weights_only=True)
+    return records, checkpoint
+
+
+def losses(records, key):
+    return [r[key] for r in records if key in r]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["mars-adamw", "adamw"])
+def test_two_gloo_ranks_train_like_one_process_with_doubled_accumulation(tmp_path, optimizer):
+    one, one_ckpt = run([sys.executable, "train.py"], tmp_path / "one", f"optimizer={optimizer}",
+                        "train.grad_accum_steps=2")
+    two, two_ckpt = run([*TORCHRUN, "train.py"], tmp_path / "two", f"optimizer={optimizer}")
+    assert losses(two, "train/loss") == pytest.approx(losses(one, "train/loss"), rel=1e-6)
+    assert losses(two, "val/loss") == pytest.approx(losses(one, "val/loss"), rel=1e-6)
+    assert [r["tokens"] for r in two] == [r["tokens"] for r in one]  # the global batch counts every rank
+    for name, tensor in one_ckpt["model"].items():
+        torch.testing.assert_close(two_ckpt["model"][name], tensor, rtol=1e-5, atol=1e-6)
+    assert len(two_ckpt["rng"]) == 2  # one random state per rank, for an exact resume
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mars_type", ["mars-adamw", "mars-lion"])
+def test_every_rank_reaches_the_same_parameters(mars_type):
+    result = subprocess.run([*TORCHRUN, str(Path(__file__).with_name("ddp_invariants.py")), mars_type],
+                            cwd=REPO, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,77 @@
+"""A run killed at an arbitrary step resumes exactly: the same losses as the run that was never interrupted."""
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from training.checkpoint import latest_checkpoint
+from training.metrics import read_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_size=2", "train.block_size=32",
+         "train.eval_iters=2", "train.warmup_iters=2", "train.log_interval=1", "train.device=cpu",
+         "train.max_iters=16", "train.eval_interval=4", "train.checkpoint_interval=4", "model.dropout=0.1"]
+
+
+def command(run_dir, *overrides):
+    return [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *SMALL, *overrides]
+
+
+def complete_run(run_dir, *overrides):
+    result = subprocess.run(command(run_dir, *overrides), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return read_metrics(run_dir)
+
+
+def start_and_wait_for_step(run_dir, step):
+    process = subprocess.Popen(command(run_dir), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if any(r.get("step", 0) >= step and "train/loss" in r for r in read_metrics(run_dir)):
+            return process
+        if process.poll() is not None:
+            raise AssertionError(f"train.py ended early: {process.stderr.read().decode()}")
+        time.sleep(0.02)
+    process.kill()
+    raise AssertionError(f"step {step} not reached")
+
+
+def train_losses(records):
+    return {r["step"]: r["train/loss"] for r in records if "train/loss" in r}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    return complete_run(tmp_path_factory.mktemp("uninterrupted"))
+
+
+@pytest.mark.slow
+def test_sigkill_at_an_arbitrary_step_then_resume_reproduces_the_uninterrupted_losses(tmp_path, uninterrupted):
+    process = start_and_wait_for_step(tmp_path, 6)
+    process.kill()
+    process.wait()
+    resumed = complete_run(tmp_path, "train.resume=true")
+    # Bitwise on the CPU: same batches, same optimizer state, same dropout random stream.
+    assert train_losses(resumed) == train_losses(uninterrupted)
+    assert [r["step"] for r in resumed] == [r["step"] for r in uninterrupted]
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_the_current_step_and_stops_cleanly(tmp_path, uninterrupted):
+    process = start_and_wait_for_step(tmp_path, 5)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 0
+    _, checkpoint = latest_checkpoint(tmp_path, "cpu")
+    last_step = max(train_losses(read_metrics(tmp_path)))
+    assert checkpoint["step"] == last_step < 16  # nothing past the last finished step is lost
+    resumed = complete_run(tmp_path, "train.resume=true")
+    assert train_losses(resumed) == train_losses(uninterrupted)
+
+
+def test_a_torn_last_metrics_line_is_ignored(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/loss": 2.0}) + '\n{"step": 2, "tra')
+    assert read_metrics(tmp_path) == [{"step": 1, "train/loss": 2.0}]
