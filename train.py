@@ -24,7 +24,7 @@ from training.distributed import (DistributedContext, all_gather_objects, barrie
                                   shutdown_distributed, sum_across_ranks, wrap_data_parallel)
 from training.metrics import MetricsLogger
 from training.preemption import PreemptionSignal
-from training.optimizers import build_optimizer
+from training.optimizers import build_optimizer, full_state_dict, local_optimizer, state_bytes
 from training.runtime import (autocast_context, peak_flops, resolve_device, resolve_dtype, rng_state,
                               seed_everything, set_rng_state)
 from training.schedule import learning_rate, set_learning_rate
@@ -120,8 +120,10 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
     seed_everything(t.seed)  # the same initial weights on every rank
     model_config = GPTConfig(**OmegaConf.to_container(cfg.model))
     model = GPT(model_config).to(device)
-    optimizer = build_optimizer(cfg.optimizer, model)
-    needs_lookahead = getattr(optimizer, "needs_lookahead_grad", False)
+    if t.zero1 and not ctx.enabled:
+        log.info("train.zero1=true has nothing to shard in a single process: using the plain optimizer")
+    optimizer = build_optimizer(cfg.optimizer, model, zero1=t.zero1 and ctx.enabled)
+    needs_lookahead = getattr(local_optimizer(optimizer), "needs_lookahead_grad", False)
     seed_everything(t.seed + ctx.rank)  # independent dropout per rank
 
     start_step, tokens_seen, checkpoint_path, wandb_run_id = 0, 0, None, None
@@ -159,9 +161,10 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
 
     def checkpoint(step: int) -> Path:
         rng_states = all_gather_objects(rng_state(), ctx)
+        optimizer_state = full_state_dict(optimizer)
         path = None
         if ctx.is_main:
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+            state = {"model": model.state_dict(), "optimizer": optimizer_state, "step": step,
                      "tokens": tokens_seen, "rng": rng_states, "config": config_dict,
                      "wandb_run_id": metrics.wandb_run_id}
             path = save_checkpoint(run_dir, step, state, keep=t.keep_checkpoints)
@@ -184,7 +187,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
             # remembered gradient that the next step corrects against.
             accumulate_gradients(train_model, train_batches, step + 1, t.grad_accum_steps, autocast)
             clip_gradients(model, t.grad_clip)
-            optimizer.stash_lookahead_grad()
+            local_optimizer(optimizer).stash_lookahead_grad()
             optimizer.zero_grad(set_to_none=True)
         train_loss = accumulate_gradients(train_model, train_batches, step, t.grad_accum_steps, autocast)
         grad_norm = clip_gradients(model, t.grad_clip)
@@ -200,6 +203,9 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
         optimizer.zero_grad(set_to_none=True)
         tokens_seen += tokens_per_step
         done = step + 1
+        if step == start_step:  # optimizer state exists from the first step on
+            per_rank = ", ".join(f"{b / 2**20:.1f}" for b in all_gather_objects(state_bytes(optimizer), ctx))
+            log.info("optimizer state per rank (MiB): %s", per_rank)
         if device.type == "cuda":
             torch.cuda.synchronize()
         # Only training steps count towards throughput: evaluation and checkpointing are left out.

@@ -48,6 +48,7 @@ class ModelConfig:
     vocab_size: int = 50304
     bias: bool = False
     dropout: float = 0.0
+    scale_attn_by_inverse_layer_idx: bool = False  # the MARS authors' runs: true
 
 
 @dataclass
@@ -129,6 +130,7 @@ class TrainConfig:
     checkpoint_interval: int = 250
     keep_checkpoints: int = 2
     resume: bool = False
+    zero1: bool = False  # shard the optimizer state across DDP ranks (ZeRO stage 1)
 
 
 @dataclass

@@ -16,6 +16,9 @@ class GPTConfig:
     vocab_size: int = 50304  # GPT-2's 50,257 padded to a multiple of 64 for faster matmuls
     bias: bool = False  # biases in Linear and LayerNorm; GPT-2 had them, no-bias trains a bit better
     dropout: float = 0.0
+    # Divide layer i's attention scores by i + 1 as well (GPT-2's Mistral-style stabiliser; the MARS authors'
+    # trainer turns it on for every run).
+    scale_attn_by_inverse_layer_idx: bool = False
 
     def __post_init__(self):
         if self.n_embd % self.n_head:
@@ -54,20 +57,23 @@ class LayerNorm(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, layer_idx: int):
         super().__init__()
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.n_head = config.n_head
         self.dropout = config.dropout
+        head_dim = config.n_embd // config.n_head
+        layer_scale = layer_idx + 1 if config.scale_attn_by_inverse_layer_idx else 1
+        self.score_scale = 1.0 / (math.sqrt(head_dim) * layer_scale)
 
     def forward(self, x):
         batch, seq, channels = x.size()
         q, k, v = self.c_attn(x).split(channels, dim=2)
         q, k, v = (t.view(batch, seq, self.n_head, channels // self.n_head).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True, scale=self.score_scale
         )
         y = y.transpose(1, 2).contiguous().view(batch, seq, channels)
         return self.resid_dropout(self.c_proj(y))
@@ -86,10 +92,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, layer_idx: int):
         super().__init__()
         self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, layer_idx)
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
@@ -107,7 +113,7 @@ class GPT(nn.Module):
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
                 wpe=nn.Embedding(config.block_size, config.n_embd),
                 drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
                 ln_f=LayerNorm(config.n_embd, bias=config.bias),
             )
         )

@@ -1,6 +1,7 @@
 """Builds the optimizer named by the config, with the parameter grouping every optimizer shares."""
 import torch
 from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 
 def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool) -> list[dict]:
@@ -19,22 +20,54 @@ def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool) 
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(cfg, model: nn.Module) -> torch.optim.Optimizer:
-    groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
+def optimizer_class_and_arguments(cfg) -> tuple[type[torch.optim.Optimizer], dict]:
+    """The optimizer class a config names, and its constructor arguments other than the parameters."""
     if cfg.name == "adamw":
         # The fused kernel is the fastest AdamW on CUDA and on the CPU alike (results/bench_optimizer_cpu.md).
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=True)
+        return torch.optim.AdamW, dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=True)
     if cfg.name == "mars":
         from mars import MARS
 
-        return MARS(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
-                    amsgrad=cfg.amsgrad, gamma=cfg.gamma, is_approx=cfg.is_approx, mars_type=cfg.mars_type,
-                    optimize_1d=cfg.optimize_1d, lr_1d=cfg.lr_1d, betas_1d=tuple(cfg.betas_1d),
-                    weight_decay_1d=cfg.weight_decay_1d, backend=cfg.backend)
+        return MARS, dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
+                          amsgrad=cfg.amsgrad, gamma=cfg.gamma, is_approx=cfg.is_approx, mars_type=cfg.mars_type,
+                          optimize_1d=cfg.optimize_1d, lr_1d=cfg.lr_1d, betas_1d=tuple(cfg.betas_1d),
+                          weight_decay_1d=cfg.weight_decay_1d, backend=cfg.backend)
     if cfg.name == "muon":
         from mars import Muon
 
-        return Muon(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, ns_steps=cfg.ns_steps,
-                    weight_decay=cfg.weight_decay, adamw_lr=cfg.adamw_lr, adamw_betas=tuple(cfg.adamw_betas),
-                    adamw_eps=cfg.adamw_eps, adamw_weight_decay=cfg.adamw_weight_decay)
+        return Muon, dict(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, ns_steps=cfg.ns_steps,
+                          weight_decay=cfg.weight_decay, adamw_lr=cfg.adamw_lr, adamw_betas=tuple(cfg.adamw_betas),
+                          adamw_eps=cfg.adamw_eps, adamw_weight_decay=cfg.adamw_weight_decay)
     raise ValueError(f"unknown optimizer {cfg.name!r}")
+
+
+def build_optimizer(cfg, model: nn.Module, zero1: bool = False) -> torch.optim.Optimizer:
+    """The configured optimizer over ``model``; with ``zero1`` its state is sharded across the DDP ranks.
+
+    ZeRO-1 gives each rank whole parameters (never slices of one), which MARS's per-tensor norm clip needs.
+    """
+    optimizer_class, arguments = optimizer_class_and_arguments(cfg)
+    groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
+    if zero1:
+        return ZeroRedundancyOptimizer(groups, optimizer_class=optimizer_class, **arguments)
+    return optimizer_class(groups, **arguments)
+
+
+def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer that holds this rank's state: the sharded one inside ZeRO, else ``optimizer`` itself."""
+    return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+
+
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of tensor state this rank's optimizer holds."""
+    return sum(value.numel() * value.element_size() for state in local_optimizer(optimizer).state.values()
+               for value in state.values() if torch.is_tensor(value))
+
+
+def full_state_dict(optimizer: torch.optim.Optimizer) -> dict | None:
+    """The whole optimizer state for a checkpoint. Under ZeRO every rank must call this (it gathers the shards
+    onto rank 0), and only rank 0 gets the dict."""
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        optimizer.consolidate_state_dict(to=0)
+        return optimizer.state_dict() if optimizer.rank == 0 else None
+    return optimizer.state_dict()

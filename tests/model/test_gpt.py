@@ -76,3 +76,16 @@ def test_sequence_longer_than_context_is_rejected():
 def test_flops_per_token_follows_6n_plus_attention_term():
     config = GPTConfig()
     assert config.flops_per_token(1024) == 6 * config.num_params() + 12 * 12 * 12 * 64 * 1024
+
+
+def test_inverse_layer_scaling_divides_each_layers_attention_scores_by_its_depth():
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=3, n_head=2, n_embd=16, block_size=8, vocab_size=50,
+                       scale_attn_by_inverse_layer_idx=True)
+    attention = GPT(config).transformer.h[2].attn
+    x = torch.randn(2, 8, 16)
+    q, k, v = (t.view(2, 8, 2, 8).transpose(1, 2) for t in attention.c_attn(x).split(16, dim=2))
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(8) / 3  # third layer: divided by 3
+    scores = scores.masked_fill(torch.triu(torch.ones(8, 8, dtype=torch.bool), 1), float("-inf"))
+    expected = attention.c_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 8, 16))
+    torch.testing.assert_close(attention(x), expected)

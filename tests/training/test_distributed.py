@@ -49,3 +49,27 @@ def test_every_rank_reaches_the_same_parameters(mars_type):
                             cwd=REPO, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["mars-adamw", "mars-lion"])
+def test_zero1_sharded_mars_trains_like_unsharded_mars(tmp_path, optimizer):
+    plain, plain_ckpt = run([*TORCHRUN, "train.py"], tmp_path / "plain", f"optimizer={optimizer}")
+    sharded, sharded_ckpt = run([*TORCHRUN, "train.py"], tmp_path / "zero1", f"optimizer={optimizer}",
+                                "train.zero1=true")
+    assert losses(sharded, "train/loss") == pytest.approx(losses(plain, "train/loss"), rel=1e-6)
+    for name, tensor in plain_ckpt["model"].items():
+        torch.testing.assert_close(sharded_ckpt["model"][name], tensor, rtol=1e-5, atol=1e-6)
+    # The checkpoint gathers every rank's shard: the whole state, remembered gradients included.
+    assert len(sharded_ckpt["optimizer"]["state"]) == len(plain_ckpt["optimizer"]["state"])
+    matrices = [s for s in sharded_ckpt["optimizer"]["state"].values() if s["exp_avg"].dim() == 2]
+    assert matrices and all("last_grad" in s for s in matrices)
+
+
+@pytest.mark.slow
+def test_zero1_run_resumes_exactly_from_its_gathered_checkpoint(tmp_path):
+    full, _ = run([*TORCHRUN, "train.py"], tmp_path, "train.zero1=true", "train.checkpoint_interval=2")
+    (tmp_path / "checkpoints" / "ckpt_00000004.pt").unlink()
+    resumed, _ = run([*TORCHRUN, "train.py"], tmp_path, "train.zero1=true", "train.checkpoint_interval=2",
+                     "train.resume=true")
+    assert losses(resumed, "train/loss") == losses(full, "train/loss")

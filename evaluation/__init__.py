@@ -1,0 +1,1 @@
+"""Downstream evaluation of trained checkpoints (HellaSwag)."""

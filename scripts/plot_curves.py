@@ -1,0 +1,123 @@
+"""Validation loss against tokens and against training time, one figure per model size, like the MARS paper's.
+
+    python -m scripts.plot_curves 'outputs/**' 'multirun/2026-11-*' [--out results/curves]
+
+For each corpus and model size, writes ``val_loss_vs_tokens_<corpus>_<model>.png`` and
+``val_loss_vs_time_<corpus>_<model>.png`` under ``--out``: one line per optimizer (and token budget), from the
+setting with the best validation loss (see scripts/make_table.py). With several seeds the line is their mean
+and the band spans their lowest and highest loss. Training time is the sum of the logged ``step_ms`` (training
+steps only: evaluation and checkpointing are left out), read at each evaluation.
+"""
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from scripts.runs import (Run, Setting, display_corpus, display_model, display_optimizer,  # noqa: E402
+                          group_settings, load_runs, optimizer_order, tokens_label)
+
+log = logging.getLogger(__name__)
+
+TOKEN_UNITS = (("billions", 1e9), ("millions", 1e6), ("thousands", 1e3), ("", 1.0))
+TIME_UNITS = (("hours", 3600.0), ("minutes", 60.0), ("seconds", 1.0))
+
+
+def training_seconds(run: Run, steps: np.ndarray) -> np.ndarray:
+    """Cumulative training time at ``steps``, interpolated between the logged training records."""
+    logged = sorted((r["step"], r["step_ms"]) for r in run.records if "step_ms" in r)
+    at, elapsed, previous = [0], [0.0], 0
+    for step, step_ms in logged:
+        elapsed.append(elapsed[-1] + step_ms / 1000 * (step - previous))
+        at.append(step)
+        previous = step
+    return np.interp(steps, at, elapsed)
+
+
+def seed_curves(setting: Setting) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens, seconds, loss) per seed at the evaluation steps every seed has: arrays of (seeds, evaluations)."""
+    shared = sorted(set.intersection(*({r["step"] for r in run.evaluations} for run in setting.runs)))
+    steps = np.array(shared)
+    tokens, seconds, losses = [], [], []
+    for run in setting.runs:
+        at_step = {r["step"]: r for r in run.evaluations}
+        tokens.append([at_step[s]["tokens"] for s in shared])
+        losses.append([at_step[s]["val/loss"] for s in shared])
+        seconds.append(training_seconds(run, steps))
+    return steps, np.array(tokens, dtype=float), np.array(seconds), np.array(losses)
+
+
+def pick_unit(largest: float, units: tuple[tuple[str, float], ...]) -> tuple[str, float]:
+    """The largest unit that the largest value reaches (the last unit if none)."""
+    return next(((name, scale) for name, scale in units if largest >= scale), units[-1])
+
+
+def plot_group(lines: list[tuple[str, Setting]], x_axis: str, title: str, path: Path) -> None:
+    figure, axes = plt.subplots(figsize=(6, 4.5))
+    curves = [(label, *seed_curves(setting)) for label, setting in lines]
+    column = 2 if x_axis == "tokens" else 3  # (label, steps, tokens, seconds, losses)
+    unit, scale = pick_unit(max(curve[column].max(initial=0.0) for curve in curves),
+                            TOKEN_UNITS if x_axis == "tokens" else TIME_UNITS)
+    for label, _, tokens, seconds, losses in curves:
+        x = (tokens if x_axis == "tokens" else seconds).mean(axis=0) / scale
+        axes.plot(x, losses.mean(axis=0), label=label + (f" ({len(losses)} seeds)" if len(losses) > 1 else ""))
+        if len(losses) > 1:
+            axes.fill_between(x, losses.min(axis=0), losses.max(axis=0), alpha=0.2)
+    quantity = "training tokens" if x_axis == "tokens" else "training time"
+    axes.set_xlabel(f"{quantity} ({unit})" if unit else quantity)
+    axes.set_ylabel("validation loss")
+    # As in the paper's figures: the last unit of loss above the best, not the first steps from ~10.9.
+    lowest = min(losses.mean(axis=0).min() for *_, losses in curves)
+    highest = max(losses.max() for *_, losses in curves)
+    axes.set_ylim(lowest - 0.05, min(highest, lowest + 1.0) + 0.05)
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=150)
+    plt.close(figure)
+
+
+def plot_curves(runs: list[Run], out: Path) -> list[Path]:
+    """Write both figures for every (corpus, model) among ``runs``; returns the files written."""
+    figures: dict[tuple[str, str], list[tuple[float, str, Setting]]] = {}
+    for (corpus, model, budget, optimizer), settings in group_settings(runs).items():
+        best = settings[0]
+        if best.best_val_losses:
+            figures.setdefault((corpus, model), []).append((budget, optimizer, best))
+    if not figures:
+        raise ValueError("no runs with an evaluation: nothing to plot")
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for (corpus, model), entries in sorted(figures.items()):
+        entries.sort(key=lambda entry: (entry[0], optimizer_order(entry[1])))
+        several_budgets = len({budget for budget, _, _ in entries}) > 1
+        lines = [(display_optimizer(optimizer) + (f", {tokens_label(budget)} tokens" if several_budgets else ""),
+                  setting) for budget, optimizer, setting in entries]
+        for x_axis in ("tokens", "time"):
+            path = out / f"val_loss_vs_{x_axis}_{corpus}_{model}.png"
+            plot_group(lines, x_axis, f"{display_model(model)}, {display_corpus(corpus)}", path)
+            written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    parser = argparse.ArgumentParser(prog="python -m scripts.plot_curves", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="run directories or glob patterns (quote them)")
+    parser.add_argument("--out", type=Path, default=Path("results/curves"), help="directory for the PNG files")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        for path in plot_curves(load_runs(args.runs), args.out):
+            print(path)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Finished (or running) training runs read back from their directories, labelled as the paper labels them.
+
+A run directory is what train.py writes: ``metrics.jsonl`` and ``.hydra/config.yaml``. Each run is labelled by
+corpus, model size, optimizer and token budget; runs whose configs differ only in the seed (or in settings that
+do not change the result: device, paths, logging, checkpointing) share a ``setting`` and count as seeds of it.
+Used by ``scripts.make_table`` and ``scripts.plot_curves``.
+"""
+import glob
+import json
+import logging
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from training.metrics import METRICS_FILE, read_metrics
+
+log = logging.getLogger(__name__)
+
+MODEL_SIZES = {(12, 12, 768): "small", (24, 16, 1024): "medium", (36, 20, 1280): "large", (48, 25, 1600): "xl"}
+SIZE_ORDER = ("small", "medium", "large", "xl")
+CORPUS_NAMES = {"openwebtext": "OpenWebText", "fineweb-edu": "FineWeb-Edu", "embedded": "Shakespeare (embedded)"}
+OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon", "mars-exact": "MARS-exact", "mars-approx": "MARS-approx"}
+# The training settings that change what a run computes; the rest (seed, device, paths, logging) do not.
+SETTING_KEYS = ("batch_size", "block_size", "grad_accum_steps", "max_iters", "lr_schedule", "warmup_iters",
+                "decay_iters", "decay_fraction", "min_lr", "grad_clip", "dtype")
+
+
+@dataclass
+class Run:
+    name: str  # the run directory, or the wandb run name
+    corpus: str  # data.name: openwebtext, fineweb-edu, embedded, ...
+    model: str  # small, medium, large, xl, or <layers>x<width> for other shapes
+    optimizer: str  # adamw, muon, mars-approx, mars-exact (mars-lion-approx, ... for other MARS types)
+    budget: float  # tokens the run is configured to train on
+    setting: str  # what identifies the configuration up to the seed
+    lr: float | None = None
+    gamma: float | None = None
+    records: list[dict] = field(default_factory=list)
+
+    @property
+    def evaluations(self) -> list[dict]:
+        return [r for r in self.records if "val/loss" in r]
+
+    @property
+    def best_val_loss(self) -> float | None:
+        losses = [r["val/loss"] for r in self.evaluations]
+        return min(losses) if losses else None
+
+
+def model_label(model_cfg) -> str:
+    shape = (model_cfg["n_layer"], model_cfg["n_head"], model_cfg["n_embd"])
+    return MODEL_SIZES.get(shape, f"{shape[0]}x{shape[2]}")
+
+
+def optimizer_label(optimizer_cfg) -> str:
+    if optimizer_cfg["name"] != "mars":
+        return optimizer_cfg["name"]
+    variant = "mars" if optimizer_cfg["mars_type"] == "mars-adamw" else optimizer_cfg["mars_type"]
+    return f"{variant}-{'approx' if optimizer_cfg['is_approx'] else 'exact'}"
+
+
+def nominal_tokens(tokens: float) -> float:
+    """A token budget as the paper states it: 1, 2 or 5 x 10^k if within 2% of one (4.92B is 5B), else as is."""
+    if tokens <= 0:
+        return tokens
+    exponent = math.floor(math.log10(tokens))
+    nice = (m * 10.0 ** e for m in (1, 2, 5) for e in (exponent - 1, exponent, exponent + 1))
+    return next((n for n in nice if abs(tokens - n) <= 0.02 * n), tokens)
+
+
+def tokens_label(tokens: float) -> str:
+    """5B, 20B, 1.2M, 64: the nominal token count in 3 significant digits."""
+    tokens = nominal_tokens(tokens)
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if tokens >= scale:
+            return f"{tokens / scale:.3g}{unit}"
+    return f"{tokens:.3g}"
+
+
+def load_run(run_dir: Path) -> Run | None:
+    """The run in ``run_dir``, or None (with a warning) if it has not logged a training step yet."""
+    cfg = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"))
+    records = read_metrics(run_dir)
+    step = next((r for r in records if "train/loss" in r and r["step"] > 0), None)
+    if step is None:
+        log.warning("skipping %s: no training step logged yet", run_dir)
+        return None
+    # Tokens per step come from the log, which counts every rank: the config alone does not know the world size.
+    tokens_per_step = step["tokens"] / step["step"]
+    budget = cfg["train"]["max_iters"] * tokens_per_step
+    setting = {"model": cfg["model"], "optimizer": cfg["optimizer"],
+               "data": {key: value for key, value in cfg["data"].items() if key != "dir"},
+               "train": {key: cfg["train"].get(key) for key in SETTING_KEYS}, "tokens_per_step": tokens_per_step}
+    return Run(name=str(run_dir), corpus=cfg["data"]["name"], model=model_label(cfg["model"]),
+               optimizer=optimizer_label(cfg["optimizer"]), budget=budget,
+               setting=json.dumps(setting, sort_keys=True), lr=cfg["optimizer"]["lr"],
+               gamma=cfg["optimizer"].get("gamma"), records=records)
+
+
+def find_run_dirs(patterns: list[str]) -> list[Path]:
+    """Run directories matched by glob ``patterns``, or found anywhere below a matched directory."""
+    found = set()
+    for pattern in patterns:
+        matches = glob.glob(str(Path(pattern).expanduser()), recursive=True)
+        if not matches:
+            log.warning("%s matches nothing", pattern)
+        for match in map(Path, matches):
+            if (match / METRICS_FILE).is_file():
+                found.add(match)
+            elif match.is_dir():
+                found.update(path.parent for path in match.rglob(METRICS_FILE))
+    return sorted(path for path in found if (path / ".hydra" / "config.yaml").is_file())
+
+
+def load_runs(patterns: list[str]) -> list[Run]:
+    return [run for run in map(load_run, find_run_dirs(patterns)) if run is not None]
+
+
+@dataclass
+class Setting:
+    """The seeds of one configuration."""
+
+    runs: list[Run]
+
+    @property
+    def first(self) -> Run:
+        return self.runs[0]
+
+    @property
+    def best_val_losses(self) -> list[float]:
+        return [run.best_val_loss for run in self.runs if run.best_val_loss is not None]
+
+    @property
+    def mean_best_val_loss(self) -> float:
+        losses = self.best_val_losses
+        return statistics.fmean(losses) if losses else math.inf
+
+
+def group_settings(runs: list[Run]) -> dict[tuple[str, str, float, str], list[Setting]]:
+    """Settings (seeds pooled) under (corpus, model, nominal token budget, optimizer), best mean first."""
+    by_setting: dict[str, list[Run]] = {}
+    for run in runs:
+        by_setting.setdefault(run.setting, []).append(run)
+    groups: dict[tuple[str, str, float, str], list[Setting]] = {}
+    for seeds in by_setting.values():
+        run = seeds[0]
+        key = (run.corpus, run.model, nominal_tokens(run.budget), run.optimizer)
+        groups.setdefault(key, []).append(Setting(seeds))
+    for settings in groups.values():
+        settings.sort(key=lambda setting: setting.mean_best_val_loss)
+    return groups
+
+
+def size_order(model: str) -> tuple[int, str]:
+    return (SIZE_ORDER.index(model) if model in SIZE_ORDER else len(SIZE_ORDER), model)
+
+
+def optimizer_order(optimizer: str) -> tuple[int, str]:
+    names = list(OPTIMIZER_NAMES)
+    return (names.index(optimizer) if optimizer in names else len(names), optimizer)
+
+
+def display_corpus(corpus: str) -> str:
+    return CORPUS_NAMES.get(corpus, corpus)
+
+
+def display_model(model: str) -> str:
+    return f"GPT-2 {model}" if model in SIZE_ORDER else model
+
+
+def display_optimizer(optimizer: str) -> str:
+    return OPTIMIZER_NAMES.get(optimizer, optimizer)

@@ -1,0 +1,115 @@
+"""The paper's runs as presets (configs/experiment/): each composes, validates, and trains the model with the
+optimizer, on the corpus and for the token budget that its name states, with the authors' hyperparameters."""
+import functools
+import re
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from configs.schema import register_configs, validate
+from data.corpora import data_root
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+PRESETS = sorted(path.stem for path in (CONFIG_DIR / "experiment").glob("*.yaml"))
+NAME = re.compile(r"(?P<corpus>owt|fwe)-gpt2-(?P<size>small|medium|large|xl)-(?P<billions>\d+)b-"
+                  r"(?P<optimizer>adamw|muon|mars-approx|mars-exact)")
+CORPORA = {"owt": "openwebtext", "fwe": "fineweb-edu"}
+SIZES = {"small": (12, 12, 768), "medium": (24, 16, 1024), "large": (36, 20, 1280), "xl": (48, 25, 1600)}
+register_configs()
+
+
+@functools.cache
+def load(*overrides):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def assumed_gpus(name: str) -> int:
+    match = re.search(r"Assumes (\d+) GPUs", (CONFIG_DIR / "experiment" / f"{name}.yaml").read_text())
+    assert match, f"configs/experiment/{name}.yaml does not state the GPU count its batch settings assume"
+    return int(match.group(1))
+
+
+def test_every_run_the_paper_reports_has_a_preset():
+    owt = [f"owt-gpt2-{size}-{billions}b-{optimizer}" for size in ("small", "medium", "large")
+           for billions in (5, 20, 50) for optimizer in ("adamw", "muon", "mars-approx")]
+    exact = [f"owt-gpt2-small-{billions}b-mars-exact" for billions in (5, 20, 50)]
+    fineweb = [f"fwe-gpt2-{size}-50b-{optimizer}" for size in ("small", "xl") for optimizer in ("adamw", "mars-approx")]
+    assert PRESETS == sorted(owt + exact + fineweb)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_validates_and_runs_what_its_name_says(name):
+    parts = NAME.fullmatch(name)
+    assert parts, f"{name} does not follow <corpus>-gpt2-<size>-<tokens>b-<optimizer>"
+    cfg = load(f"experiment={name}")
+    validate(cfg)
+    m, t, o = cfg.model, cfg.train, cfg.optimizer
+    assert (m.n_layer, m.n_head, m.n_embd) == SIZES[parts["size"]]
+    assert cfg.data.name == CORPORA[parts["corpus"]]
+    optimizer = parts["optimizer"]
+    if optimizer.startswith("mars"):
+        assert (o.name, o.mars_type, o.is_approx) == ("mars", "mars-adamw", optimizer == "mars-approx")
+    else:
+        assert o.name == optimizer
+    tokens = t.max_iters * t.batch_size * t.grad_accum_steps * assumed_gpus(name) * t.block_size
+    budget = int(parts["billions"]) * 1e9
+    assert abs(tokens - budget) <= 0.02 * budget, f"{name} trains {tokens:.3g} tokens"
+    assert cfg.wandb.run_name == name
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_keeps_the_authors_fixed_settings(name):
+    cfg = load(f"experiment={name}")
+    m, t = cfg.model, cfg.train
+    assert (m.bias, m.dropout, m.block_size, t.block_size) == (False, 0.0, 1024, 1024)
+    assert cfg.optimizer.decay_embeddings is False
+    assert (t.lr_schedule.value, t.warmup_iters, t.decay_iters, t.grad_clip) == ("cosine", 2000, None, 1.0)
+    # 480 sequences of 1024 tokens per step: 491,520 tokens, as in the authors' scripts on 8 GPUs.
+    assert t.batch_size * t.grad_accum_steps * assumed_gpus(name) == 480
+
+
+# The authors' config/train_gpt2_<size>_<optimizer>.py and their README's hyperparameter table.
+AUTHORS = {
+    ("small", "adamw"): dict(lr=6e-4, weight_decay=0.1, betas=[0.9, 0.95], min_lr=3e-5, batch=(15, 4)),
+    ("medium", "adamw"): dict(lr=3e-4, weight_decay=0.1, betas=[0.9, 0.95], min_lr=6e-5, batch=(15, 4)),
+    ("large", "adamw"): dict(lr=2e-4, weight_decay=0.1, betas=[0.9, 0.95], min_lr=1e-5, batch=(5, 12)),
+    ("xl", "adamw"): dict(lr=2e-4, weight_decay=0.1, betas=[0.9, 0.95], min_lr=1e-5, batch=(5, 12)),
+    ("small", "muon"): dict(lr=2e-2, weight_decay=0.0, adamw_lr=3e-3, adamw_weight_decay=0.1, min_lr=3e-5,
+                            batch=(15, 4)),
+    ("medium", "muon"): dict(lr=1e-2, weight_decay=0.0, adamw_lr=1.5e-3, adamw_weight_decay=0.1, min_lr=6e-5,
+                             batch=(15, 4)),
+    ("large", "muon"): dict(lr=6.67e-3, weight_decay=0.0, adamw_lr=1e-3, adamw_weight_decay=0.1, min_lr=1e-5,
+                            batch=(5, 12)),
+    ("small", "mars"): dict(lr=6e-3, weight_decay=1e-2, betas=[0.95, 0.99], gamma=0.025, lr_1d=3e-3,
+                            weight_decay_1d=0.1, min_lr=3e-5, batch=(15, 4)),
+    ("medium", "mars"): dict(lr=3e-3, weight_decay=1e-2, betas=[0.95, 0.99], gamma=0.025, lr_1d=1.5e-3,
+                             weight_decay_1d=0.1, min_lr=6e-5, batch=(15, 4)),
+    ("large", "mars"): dict(lr=2e-3, weight_decay=1e-2, betas=[0.95, 0.99], gamma=0.025, lr_1d=1e-3,
+                            weight_decay_1d=0.1, min_lr=1e-5, batch=(5, 12)),
+    ("xl", "mars"): dict(lr=2e-3, weight_decay=1e-2, betas=[0.95, 0.99], gamma=0.025, lr_1d=1e-3,
+                         weight_decay_1d=0.1, min_lr=1e-5, batch=(5, 12)),
+}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_uses_the_authors_hyperparameters(name):
+    parts = NAME.fullmatch(name)
+    expected = dict(AUTHORS[parts["size"], parts["optimizer"].split("-")[0]])
+    cfg = load(f"experiment={name}")
+    assert (cfg.train.batch_size, cfg.train.grad_accum_steps) == expected.pop("batch")
+    assert cfg.train.min_lr == expected.pop("min_lr")
+    for key, value in expected.items():
+        actual = cfg.optimizer[key]
+        assert (list(actual) if key == "betas" else actual) == value, f"{name}: optimizer.{key}"
+
+
+def test_fineweb_presets_read_the_100b_sample_where_data_prepare_writes_it():
+    cfg = load("experiment=fwe-gpt2-xl-50b-mars-approx")
+    assert Path(cfg.data.dir).expanduser() == data_root() / "fineweb-edu-sample-100BT"
+
+
+def test_command_line_overrides_apply_on_top_of_a_preset():
+    cfg = load("experiment=owt-gpt2-small-5b-mars-approx", "optimizer.gamma=0.01", "train.grad_accum_steps=8")
+    assert (cfg.optimizer.gamma, cfg.train.grad_accum_steps, cfg.optimizer.lr) == (0.01, 8, 6e-3)

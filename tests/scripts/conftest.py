@@ -1,0 +1,53 @@
+"""Run directories in train.py's format (metrics.jsonl, .hydra/config.yaml) for the table and plot scripts."""
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from configs.schema import register_configs
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+register_configs()
+
+
+def write_run(run_dir: Path, overrides: list[str], val_losses: list[float], tokens_per_step: int,
+              step_ms: float = 100.0) -> Path:
+    """A run evaluated at steps 0, k, 2k, ... (k = max_iters / (evaluations - 1)) with these validation losses.
+
+    Training records are logged at every evaluation step, as train.py does when eval_interval is a multiple of
+    log_interval; ``step_ms`` is the mean step time of each window.
+    """
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(config_name="config", overrides=overrides)
+    every = cfg.train.max_iters // (len(val_losses) - 1)
+    (run_dir / ".hydra").mkdir(parents=True)
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    records = []
+    for i, loss in enumerate(val_losses):
+        step, tokens = i * every, i * every * tokens_per_step
+        if step > 0:
+            records.append({"step": step, "tokens": tokens, "lr": 1e-3, "train/loss": loss + 0.01, "grad_norm": 0.5,
+                            "tokens_per_s": tokens_per_step / step_ms * 1000, "step_ms": step_ms})
+        records.append({"step": step, "tokens": tokens, "val/loss": loss})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run_dir
+
+
+@pytest.fixture
+def make_run():
+    return write_run
+
+
+@pytest.fixture
+def paper_runs(tmp_path) -> Path:
+    """GPT-2 small, OpenWebText, 5B tokens on 8 GPUs: AdamW with two seeds, MARS-approx at two gammas."""
+    tokens = 491_520
+    adamw = ["experiment=owt-gpt2-small-5b-adamw"]
+    mars = ["experiment=owt-gpt2-small-5b-mars-approx"]
+    write_run(tmp_path / "runs" / "adamw-seed1", adamw, [10.9, 3.6, 3.201], tokens)
+    write_run(tmp_path / "runs" / "adamw-seed2", [*adamw, "train.seed=2"], [10.9, 3.7, 3.205], tokens, step_ms=120.0)
+    write_run(tmp_path / "runs" / "mars-gamma0.025", mars, [10.9, 3.4, 3.110], tokens)
+    write_run(tmp_path / "runs" / "mars-gamma0.05", [*mars, "optimizer.gamma=0.05"], [10.9, 3.5, 3.120], tokens)
+    return tmp_path / "runs"

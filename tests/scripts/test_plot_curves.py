@@ -1,0 +1,51 @@
+"""Validation-loss curves against tokens and training time: one pair of PNG files per corpus and model size."""
+import numpy as np
+import pytest
+
+import scripts.plot_curves as plot_curves_module
+from scripts.plot_curves import main, plot_curves, seed_curves, training_seconds
+from scripts.runs import Run, Setting, load_runs
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def test_one_figure_per_model_size_against_tokens_and_against_time(paper_runs, make_run, tmp_path):
+    make_run(paper_runs / "medium", ["experiment=owt-gpt2-medium-5b-muon"], [10.9, 3.3, 3.01], tokens_per_step=491_520)
+    written = plot_curves(load_runs([str(paper_runs)]), tmp_path / "curves")
+    assert sorted(path.name for path in written) == [
+        "val_loss_vs_time_openwebtext_medium.png", "val_loss_vs_time_openwebtext_small.png",
+        "val_loss_vs_tokens_openwebtext_medium.png", "val_loss_vs_tokens_openwebtext_small.png"]
+    for path in written:
+        data = path.read_bytes()
+        assert data.startswith(PNG_SIGNATURE) and len(data) > 10_000
+
+
+def test_each_optimizer_is_drawn_from_its_best_setting(paper_runs, tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(plot_curves_module, "plot_group", lambda lines, *args: drawn.append(lines))
+    plot_curves(load_runs([str(paper_runs)]), tmp_path)
+    lines = drawn[0]
+    assert [label for label, _ in lines] == ["AdamW", "MARS-approx"]
+    assert len(lines[0][1].runs) == 2 and lines[1][1].first.gamma == 0.025
+
+
+def test_seeds_are_aligned_at_the_evaluations_they_share(paper_runs):
+    runs = [run for run in load_runs([str(paper_runs)]) if run.optimizer == "adamw"]
+    runs[1].records = [r for r in runs[1].records if r["step"] != 5000]
+    steps, tokens, seconds, losses = seed_curves(Setting(runs))
+    assert steps.tolist() == [0, 10000]
+    np.testing.assert_allclose(losses, [[10.9, 3.201], [10.9, 3.205]])
+    np.testing.assert_allclose(tokens[0], [0, 10000 * 491_520])
+    np.testing.assert_allclose(seconds, [[0, 1000.0], [0, 1200.0]])  # 10,000 steps of 100 ms and of 120 ms
+
+
+def test_training_time_adds_up_the_logged_step_times():
+    run = Run(name="r", corpus="c", model="m", optimizer="o", budget=0, setting="s",
+              records=[{"step": 10, "step_ms": 100.0}, {"step": 10, "val/loss": 3.0}, {"step": 20, "step_ms": 200.0}])
+    assert training_seconds(run, np.array([0, 10, 15, 20])).tolist() == pytest.approx([0.0, 1.0, 2.0, 3.0])
+
+
+def test_cli_writes_the_figures_and_names_them(paper_runs, tmp_path, capsys):
+    main([str(paper_runs), "--out", str(tmp_path / "figures")])
+    printed = capsys.readouterr().out.split()
+    assert len(printed) == 2 and all((tmp_path / "figures" / name.rsplit("/", 1)[-1]).is_file() for name in printed)

@@ -1,0 +1,47 @@
+"""Labelling runs read back from their directories: model size, optimizer, nominal token budget, seeds."""
+import pytest
+
+from scripts.runs import group_settings, load_runs, nominal_tokens, tokens_label
+
+
+@pytest.mark.parametrize("tokens, label", [(10_000 * 491_520, "5B"), (40_000 * 491_520, "20B"),
+                                           (100_000 * 491_520, "50B"), (64, "64"), (1_234_567, "1.23M"),
+                                           (4.8e9, "4.8B")])
+def test_token_budgets_are_named_as_the_paper_names_them(tokens, label):
+    assert tokens_label(tokens) == label
+
+
+def test_nominal_budget_is_the_round_number_within_two_percent():
+    assert nominal_tokens(4.915e9) == 5e9 and nominal_tokens(4.8e9) == 4.8e9
+
+
+def test_runs_are_labelled_from_their_config_and_log(paper_runs):
+    runs = {run.name.rsplit("/", 1)[-1]: run for run in load_runs([str(paper_runs)])}
+    assert sorted(runs) == ["adamw-seed1", "adamw-seed2", "mars-gamma0.025", "mars-gamma0.05"]
+    mars = runs["mars-gamma0.05"]
+    assert (mars.corpus, mars.model, mars.optimizer, mars.gamma, mars.lr) == ("openwebtext", "small", "mars-approx",
+                                                                              0.05, 6e-3)
+    assert mars.budget == 10_000 * 491_520 and mars.best_val_loss == 3.120
+    assert runs["adamw-seed1"].optimizer == "adamw" and runs["adamw-seed1"].gamma is None
+
+
+def test_seeds_share_a_setting_and_settings_are_ranked_by_mean_best_loss(paper_runs):
+    groups = group_settings(load_runs([str(paper_runs)]))
+    adamw, = groups["openwebtext", "small", 5e9, "adamw"]
+    assert adamw.best_val_losses == [3.201, 3.205]
+    mars = groups["openwebtext", "small", 5e9, "mars-approx"]
+    assert [setting.first.gamma for setting in mars] == [0.025, 0.05]
+
+
+def test_a_run_without_a_training_step_is_skipped(tmp_path, make_run):
+    run_dir = make_run(tmp_path / "fresh", ["train.max_iters=10"], [10.9, 10.8], tokens_per_step=64)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    (run_dir / "metrics.jsonl").write_text(lines[0] + "\n")  # only the evaluation at step 0
+    assert load_runs([str(tmp_path)]) == []
+
+
+def test_other_model_shapes_and_mars_variants_get_their_own_labels(tmp_path, make_run):
+    make_run(tmp_path / "lion", ["optimizer=mars-lion", "optimizer.is_approx=false", "train.max_iters=10"],
+             [10.9, 9.0], tokens_per_step=64)
+    run, = load_runs([str(tmp_path / "*")])
+    assert (run.model, run.optimizer, run.corpus) == ("4x128", "mars-lion-exact", "embedded")
