@@ -47,9 +47,9 @@ def accumulate_gradients(model, batches: TokenBatches, step: int, grad_accum_ste
         x, y = batches.batch(step, micro_step)
         last = micro_step == grad_accum_steps - 1
         sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
-        with sync, autocast:
-            _, loss = model(x, y)
         with sync:
+            with autocast:
+                _, loss = model(x, y)
             (loss / grad_accum_steps).backward()
         total += loss.detach()
     return total.item() / grad_accum_steps

@@ -32,8 +32,9 @@ def losses(records, key):
 @pytest.mark.parametrize("optimizer", ["mars-adamw", "adamw"])
 def test_two_gloo_ranks_train_like_one_process_with_doubled_accumulation(tmp_path, optimizer):
     one, one_ckpt = run([sys.executable, "train.py"], tmp_path / "one", f"optimizer={optimizer}",
-                        "train.grad_accum_steps=2")
-    two, two_ckpt = run([*TORCHRUN, "train.py"], tmp_path / "two", f"optimizer={optimizer}")
+                        "train.grad_accum_steps=4")
+    two, two_ckpt = run([*TORCHRUN, "train.py"], tmp_path / "two", f"optimizer={optimizer}",
+                        "train.grad_accum_steps=2")  # no_sync on the first micro-batch, all-reduce on the second
     assert losses(two, "train/loss") == pytest.approx(losses(one, "train/loss"), rel=1e-6)
     assert losses(two, "val/loss") == pytest.approx(losses(one, "val/loss"), rel=1e-6)
     assert [r["tokens"] for r in two] == [r["tokens"] for r in one]  # the global batch counts every rank
