@@ -14,7 +14,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from configs.schema import Sampling
 from data.embedded import clean_play, play_files
@@ -30,12 +30,7 @@ from data.loader import TokenBatches, load_split
 from data.prepare import files_source, prepare
 from data.shards import write_shard
 from data.tokenizer import GPT2_VOCAB_SIZE
-
-
-def cpu_name() -> str:
-    with open("/proc/cpuinfo") as cpuinfo:
-        model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "")
-    return f"{model or platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores"
+from scripts.bench_optimizer import device_name
 
 
 def bench_loader(directory: Path, sampling: Sampling, batch_size: int, block_size: int, batches: int,
@@ -98,7 +93,7 @@ def main() -> None:
                               "|---|---:|---:|", *loader_rows])
     prepare_table = "\n".join(["| workers | tokens | seconds | tokens/s | tokens/s per worker |",
                                "|---:|---:|---:|---:|---:|", *prepare_rows])
-    report = (f"# Data path on the CPU\n\n{cpu_name()}, {date}\n\n`{command}`\n\n"
+    report = (f"# Data path on the CPU\n\n{device_name(torch.device('cpu'))}, {date}\n\n`{command}`\n\n"
               f"## Loader ({args.tokens:,} synthetic tokens in {args.shards} page-cached shards, no device copy)\n\n"
               f"{loader_table}\n\n"
               f"## `data.prepare` ({args.copies} x the embedded corpus as .jsonl, end to end)\n\n{prepare_table}\n")
