@@ -30,6 +30,7 @@ from training.runtime import (autocast_context, peak_flops, resolve_device, reso
 from training.schedule import learning_rate, set_learning_rate
 
 log = logging.getLogger("train")
+VAL_SEED = 0  # fixed: every run of a setting, whatever its seed, is evaluated on the same windows
 register_configs()
 
 
@@ -115,7 +116,8 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
                       seed=t.seed, rank=ctx.rank, world_size=ctx.world_size, device=device,
                       vocab_size=cfg.model.vocab_size)
     train_batches = build_batches(cfg.data, "train", **batch_args)
-    val_batches = build_batches(cfg.data, "val", **batch_args)
+    # Validation windows do not depend on train.seed, so seeds of one setting are scored on the same text.
+    val_batches = build_batches(cfg.data, "val", **{**batch_args, "seed": VAL_SEED})
 
     seed_everything(t.seed)  # the same initial weights on every rank
     model_config = GPTConfig(**OmegaConf.to_container(cfg.model))
@@ -148,7 +150,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
     config_dict = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     metrics = MetricsLogger(run_dir, cfg.wandb, config_dict, cfg.wandb.run_name or default_run_name(cfg),
                             wandb_run_id, enabled=ctx.is_main)
-    metrics.discard_after(start_step)
+    metrics.discard_after(start_step if checkpoint_path else -1)  # a fresh start keeps nothing of an old log
     tokens_per_step = t.batch_size * t.block_size * t.grad_accum_steps * ctx.world_size
     flops_peak = peak_flops(device)
     log.info("model %.2fM parameters | %d processes | global batch %d tokens (%d x %d x %d accumulation x %d "

@@ -97,6 +97,8 @@ class MuonConfig(OptimizerConfig):
     adamw_betas: tuple[float, float] = (0.9, 0.95)
     adamw_eps: float = 1e-8
     adamw_weight_decay: float = 0.1
+    # The authors' bfloat16; float32 runs ~10x faster on CPUs that lack bfloat16 matrix units.
+    ns_dtype: str = "bfloat16"
 
 
 @dataclass

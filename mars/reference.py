@@ -56,10 +56,14 @@ def adam_denominator(exp_avg_sq: Tensor, step: int, beta1: float, beta2: float, 
     return exp_avg_sq.sqrt().mul(1 / math.sqrt(bias_correction2)).add(eps).mul(bias_correction1)
 
 
-def newton_schulz5(matrix: Tensor, steps: int = 5, eps: float = 1e-7) -> Tensor:
-    """Approximate orthogonalisation U V^T of ``matrix`` by a quintic Newton-Schulz iteration in bfloat16."""
+def newton_schulz5(matrix: Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """Approximate orthogonalisation U V^T of ``matrix`` by a quintic Newton-Schulz iteration in ``dtype``.
+
+    bfloat16 is what the authors (and Muon's) run on GPUs; CPUs without bfloat16 matrix units run it ~10x slower
+    than float32, hence the choice.
+    """
     a, b, c = NEWTON_SCHULZ_COEFFS
-    x = matrix.bfloat16() / (matrix.norm() + eps)
+    x = matrix.to(dtype) / (matrix.norm() + eps)
     transposed = matrix.size(0) > matrix.size(1)
     if transposed:
         x = x.T

@@ -49,6 +49,19 @@ def test_run_resumed_from_a_checkpoint_continues_exactly_like_the_uninterrupted_
     assert [r["step"] for r in resumed_records] == [r["step"] for r in records]  # no duplicated log lines
 
 
+def test_a_fresh_run_in_a_used_directory_replaces_the_old_log(tmp_path):
+    run = (*SMALL, "train.max_iters=4", "train.eval_interval=4")
+    run_train(tmp_path, *run, "optimizer.lr=1e-2")
+    first = metrics(tmp_path)
+    run_train(tmp_path, *run, "optimizer.lr=2e-2", "train.resume=true")  # finds the step-4 checkpoint: resumes
+    assert metrics(tmp_path) == first
+    shutil.rmtree(tmp_path / "checkpoints")
+    run_train(tmp_path, *run, "optimizer.lr=2e-2")
+    second = metrics(tmp_path)
+    assert [r["step"] for r in second] == [r["step"] for r in first]  # not appended to the old records
+    assert second[-1]["val/loss"] != first[-1]["val/loss"]
+
+
 @pytest.mark.slow
 def test_issue_command_writes_falling_val_loss(tmp_path):
     run_train(tmp_path, "model=tiny", "data=embedded", "train.max_iters=60", "train.eval_interval=30",

@@ -26,6 +26,16 @@ def test_two_nesterov_steps_match_the_update_written_out():
     torch.testing.assert_close(optimizer.state[param]["momentum_buffer"], buffer, rtol=1e-6, atol=1e-7)
 
 
+def test_ns_dtype_float32_orthogonalises_in_float32():
+    torch.manual_seed(2)
+    param = torch.nn.Parameter(torch.randn(5, 7))
+    grad = torch.randn(5, 7)
+    expected = param.detach() - 0.02 * reference.newton_schulz5(grad, dtype=torch.float32)
+    param.grad = grad
+    Muon([param], lr=0.02, nesterov=False, ns_dtype=torch.float32).step()
+    torch.testing.assert_close(param.detach(), expected, rtol=0, atol=0)
+
+
 def test_without_nesterov_the_momentum_buffer_is_orthogonalised():
     torch.manual_seed(1)
     param = torch.nn.Parameter(torch.randn(3, 8))
@@ -113,6 +123,7 @@ def test_bfloat16_params_keep_float32_state_through_a_state_dict_round_trip():
         (dict(adamw_betas=(0.9, 1.0)), "adamw_betas"),
         (dict(adamw_eps=-1e-8), "adamw_eps"),
         (dict(adamw_weight_decay=-0.1), "adamw_weight_decay"),
+        (dict(ns_dtype=torch.float16), "ns_dtype"),
     ],
 )
 def test_invalid_argument_raises_value_error_naming_it(kwargs, argument):

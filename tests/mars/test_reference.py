@@ -159,6 +159,17 @@ def test_newton_schulz_output_is_near_orthogonal(shape):
     assert orthogonalised.dtype == matrix.dtype and orthogonalised.shape == matrix.shape
 
 
+@pytest.mark.parametrize("shape", [(16, 16), (48, 8)])
+def test_newton_schulz_in_float32_tracks_float64_where_bfloat16_rounds(shape):
+    torch.manual_seed(9)
+    matrix = torch.randn(shape)
+    exact = reference.newton_schulz5(matrix.double(), dtype=torch.float64)
+    float32_error = (reference.newton_schulz5(matrix, dtype=torch.float32).double() - exact).abs().max()
+    bfloat16_error = (reference.newton_schulz5(matrix).double() - exact).abs().max()
+    assert float32_error < 1e-5
+    assert bfloat16_error > 100 * float32_error  # the default really iterates in bfloat16
+
+
 def test_uses_mars_rule_for_2d_tensors_or_everything_with_optimize_1d():
     assert reference.uses_mars_rule(torch.zeros(3, 4), optimize_1d=False)
     assert not reference.uses_mars_rule(torch.zeros(3), optimize_1d=False)

@@ -60,3 +60,12 @@ def test_mars_config_overrides_reach_the_optimizer():
     group = optimizer.param_groups[0]
     assert (group["mars_type"], group["gamma"], group["lr"]) == ("mars-lion", 0.05, 1e-3)
     assert optimizer.needs_lookahead_grad
+
+
+def test_muon_ns_dtype_override_reaches_the_optimizer_and_a_typo_is_named():
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=["optimizer=muon", "optimizer.ns_dtype=float32"])
+        assert build_optimizer(cfg.optimizer, tiny_model()).param_groups[0]["ns_dtype"] == torch.float32
+        cfg = compose(config_name="config", overrides=["optimizer=muon", "optimizer.ns_dtype=fp32"])
+    with pytest.raises(ValueError, match="optimizer.ns_dtype must be one of .*'fp32'"):
+        build_optimizer(cfg.optimizer, tiny_model())

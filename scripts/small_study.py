@@ -1,0 +1,147 @@
+"""The small-scale version of the paper's comparison that a CPU can run: tiny GPT-2 on the embedded corpus.
+
+    python -m scripts.small_study [--out runs/small-study] [--jobs 2] [--phases lr seeds gamma] [--dry-run]
+
+Every run trains the same model on the same number of tokens (``STEPS`` x 8 x 128) with a cosine schedule from
+its peak lr to a tenth of it. Three phases, each using the results of the one before:
+
+1. ``lr``: a short lr sweep per optimizer (AdamW, Muon, MARS-AdamW approx and exact, MARS-Lion), seed 1337;
+2. ``seeds``: the best lr of each optimizer again with seeds 1 and 2;
+3. ``gamma``: MARS-AdamW approx at its best lr with other gammas.
+
+Runs land in ``<out>/<name>/`` (a train.py run directory); a finished run is not run again, so an interrupted
+study resumes where it stopped. Each run uses one thread, ``--jobs`` of them at a time. Then
+``python -m scripts.make_table <out>`` and ``python -m scripts.plot_curves <out>`` turn the runs into the table
+and the figures; results/README.md holds them.
+"""
+import argparse
+import concurrent.futures
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from scripts.runs import load_run
+from training.metrics import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 200
+SEEDS = (1, 2)  # the extra seeds of phase 2; phase 1 uses train.seed's default, 1337
+GAMMAS = (0.005, 0.01, 0.05)  # phase 3, beside the paper's 0.025 of phase 1
+COMMON = ("model=tiny", "data=embedded", f"train.max_iters={STEPS}", "train.warmup_iters=20",
+          "train.eval_interval=50", "train.eval_iters=16", "train.log_interval=25",
+          "train.checkpoint_interval=100", "train.keep_checkpoints=1")
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    name: str  # the run-name prefix
+    overrides: tuple[str, ...]
+    lrs: tuple[float, ...]
+
+
+OPTIMIZERS = (
+    Optimizer("adamw", ("optimizer=adamw",), (1e-3, 3e-3, 1e-2)),
+    Optimizer("mars-approx", ("optimizer=mars-adamw",), (3e-3, 1e-2, 3e-2)),
+    Optimizer("mars-exact", ("optimizer=mars-adamw", "optimizer.is_approx=false"), (3e-3, 1e-2, 3e-2)),
+    Optimizer("mars-lion", ("optimizer=mars-lion",), (1e-4, 3e-4, 1e-3)),
+    # float32 Newton-Schulz: this CPU runs bfloat16 matrix products ~10x slower (see mars.reference).
+    Optimizer("muon", ("optimizer=muon", "optimizer.ns_dtype=float32"), (1e-2, 2e-2, 4e-2)),
+)
+
+log = logging.getLogger("small_study")
+
+
+def run_name(optimizer: Optimizer, lr: float, seed: int | None = None, gamma: float | None = None) -> str:
+    name = f"{optimizer.name}_lr{lr:g}"
+    if gamma is not None:
+        name += f"_gamma{gamma:g}"
+    return name + (f"_seed{seed}" if seed is not None else "")
+
+
+def overrides(optimizer: Optimizer, lr: float, seed: int | None = None, gamma: float | None = None) -> list[str]:
+    args = [*COMMON, *optimizer.overrides, f"optimizer.lr={lr:g}", f"train.min_lr={lr / 10:g}"]
+    if gamma is not None:
+        args.append(f"optimizer.gamma={gamma:g}")
+    if seed is not None:
+        args.append(f"train.seed={seed}")
+    return args
+
+
+def finished(run_dir: Path) -> bool:
+    return any(r.get("step") == STEPS and "val/loss" in r for r in read_metrics(run_dir))
+
+
+def train(run_dir: Path, args: list[str]) -> None:
+    if finished(run_dir):
+        log.info("%s: done already", run_dir.name)
+        return
+    # An interrupted run goes on from its last checkpoint (resumes are exact), or starts afresh without one.
+    command = [sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}", "train.resume=true"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    started = time.perf_counter()
+    log.info("%s: %s", run_dir.name, " ".join(args))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "stdout.log", "w") as out:
+        result = subprocess.run(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        raise RuntimeError(f"{run_dir.name} failed (exit {result.returncode}); see {run_dir / 'stdout.log'}")
+    log.info("%s: finished in %.0f s", run_dir.name, time.perf_counter() - started)
+
+
+def run_all(jobs: dict[str, list[str]], out: Path, parallel: int, dry_run: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    if dry_run:
+        for name, args in jobs.items():
+            print(f"{out / name}: python train.py {' '.join(args)}")
+        return
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+        for future in [pool.submit(train, out / name, args) for name, args in jobs.items()]:
+            future.result()
+
+
+def best_lr(optimizer: Optimizer, out: Path) -> float:
+    """The phase-1 lr with the lowest best validation loss."""
+    losses = {}
+    for lr in optimizer.lrs:
+        run_dir = out / run_name(optimizer, lr)
+        run = load_run(run_dir) if run_dir.is_dir() else None
+        if run is None or run.best_val_loss is None:
+            raise RuntimeError(f"phase lr has not finished {run_dir}: run it first (--phases lr)")
+        losses[lr] = run.best_val_loss
+    return min(losses, key=losses.get)
+
+
+def phase_jobs(phase: str, out: Path) -> dict[str, list[str]]:
+    if phase == "lr":
+        return {run_name(o, lr): overrides(o, lr) for o in OPTIMIZERS for lr in o.lrs}
+    if phase == "seeds":
+        jobs = {}
+        for o in OPTIMIZERS:
+            lr = best_lr(o, out)
+            jobs.update({run_name(o, lr, seed): overrides(o, lr, seed) for seed in SEEDS})
+        return jobs
+    if phase == "gamma":
+        mars = next(o for o in OPTIMIZERS if o.name == "mars-approx")
+        lr = best_lr(mars, out)
+        return {run_name(mars, lr, gamma=g): overrides(mars, lr, gamma=g) for g in GAMMAS}
+    raise ValueError(f"unknown phase {phase!r}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "small-study")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
+    parser.add_argument("--phases", nargs="+", choices=("lr", "seeds", "gamma"), default=["lr", "seeds", "gamma"])
+    parser.add_argument("--dry-run", action="store_true", help="print the train.py commands instead")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    for phase in args.phases:
+        run_all(phase_jobs(phase, args.out), args.out.resolve(), args.jobs, args.dry_run)
+
+
+if __name__ == "__main__":
+    main()
