@@ -1,6 +1,7 @@
 """Process-group setup for torchrun (NCCL on GPU, Gloo on CPU); a single process needs none of it."""
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -37,8 +38,23 @@ def init_distributed(device: torch.device) -> DistributedContext:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, store=elastic_store(), rank=rank, world_size=world_size)
     return DistributedContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def elastic_store() -> dist.Store | None:
+    """Under torchrun's agent store, a client of it whose keys are private to this restart of the worker group.
+
+    torch's env:// rendezvous reuses the agent's store across ``--max-restarts`` restarts without a per-restart
+    prefix, so a restarted group can read the addresses of the dead one and fail to connect (Gloo:
+    connectFullMesh "Connection refused"). None (torch's own env:// rendezvous) otherwise.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timedelta(minutes=10))
+    return dist.PrefixStore(f"restart_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
 
 
 def wrap_data_parallel(model: torch.nn.Module, ctx: DistributedContext) -> torch.nn.Module:

@@ -1,5 +1,6 @@
 """A run killed at an arbitrary step resumes exactly: the same losses as the run that was never interrupted."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -21,23 +22,34 @@ def command(run_dir, *overrides):
     return [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *SMALL, *overrides]
 
 
-def complete_run(run_dir, *overrides):
-    result = subprocess.run(command(run_dir, *overrides), cwd=REPO, capture_output=True, text=True, timeout=600)
+def complete_run(run_dir, *overrides, launcher=(sys.executable,)):
+    result = subprocess.run([*launcher, *command(run_dir, *overrides)[1:]], cwd=REPO, capture_output=True,
+                            text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     return read_metrics(run_dir)
 
 
-def start_and_wait_for_step(run_dir, step):
-    process = subprocess.Popen(command(run_dir), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def start_and_wait_for_step(run_dir, step, *overrides, launcher=(sys.executable,)):
+    Path(run_dir).parent.mkdir(parents=True, exist_ok=True)
+    # Output goes to a file: a pipe nobody reads while waiting could fill up and stall the run.
+    output = open(Path(run_dir).parent / f"{Path(run_dir).name}.out", "w+")
+    process = subprocess.Popen([*launcher, *command(run_dir, *overrides)[1:]], cwd=REPO, stdout=output,
+                               stderr=subprocess.STDOUT)
+    process.output = output
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if any(r.get("step", 0) >= step and "train/loss" in r for r in read_metrics(run_dir)):
             return process
         if process.poll() is not None:
-            raise AssertionError(f"train.py ended early: {process.stderr.read().decode()}")
+            raise AssertionError(f"train.py ended early: {read_output(process)}")
         time.sleep(0.02)
     process.kill()
     raise AssertionError(f"step {step} not reached")
+
+
+def read_output(process) -> str:
+    process.output.seek(0)
+    return process.output.read()
 
 
 def train_losses(records):
@@ -75,3 +87,27 @@ def test_sigterm_checkpoints_the_current_step_and_stops_cleanly(tmp_path, uninte
 def test_a_torn_last_metrics_line_is_ignored(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/loss": 2.0}) + '\n{"step": 2, "tra')
     assert read_metrics(tmp_path) == [{"step": 1, "train/loss": 2.0}]
+
+
+@pytest.mark.slow
+def test_torchrun_restarts_a_killed_worker_group_that_then_resumes_from_the_last_checkpoint(tmp_path):
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
+    uninterrupted_ranks = complete_run(tmp_path / "uninterrupted", launcher=torchrun)
+    restarted = tmp_path / "restarted"
+    process = start_and_wait_for_step(restarted, 6, "train.resume=true", launcher=(*torchrun, "--max-restarts=1"))
+    os.kill(worker_pids(restarted)[0], signal.SIGKILL)  # a worker dies; torchrun restarts the whole group
+    assert process.wait(timeout=300) == 0, read_output(process)
+    assert train_losses(read_metrics(restarted)) == train_losses(uninterrupted_ranks)
+
+
+def worker_pids(run_dir) -> list[int]:
+    """Processes running train.py into ``run_dir`` other than torchrun itself."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"hydra.run.dir={run_dir}".encode() in args and b"torch.distributed.run" not in args:
+            pids.append(int(cmdline.parent.name))
+    return pids
