@@ -22,6 +22,7 @@ from model import GPT, GPTConfig
 from training.checkpoint import latest_checkpoint, save_checkpoint
 from training.distributed import (DistributedContext, all_gather_objects, barrier, init_distributed,
                                   shutdown_distributed, sum_across_ranks, wrap_data_parallel)
+from training.divergence import DivergenceGuard, TrainingDiverged
 from training.metrics import MetricsLogger
 from training.preemption import PreemptionSignal
 from training.optimizers import build_optimizer, full_state_dict, local_optimizer, state_bytes
@@ -32,10 +33,6 @@ from training.schedule import learning_rate, set_learning_rate
 log = logging.getLogger("train")
 VAL_SEED = 0  # fixed: every run of a setting, whatever its seed, is evaluated on the same windows
 register_configs()
-
-
-class TrainingDiverged(RuntimeError):
-    pass
 
 
 def accumulate_gradients(model, batches: TokenBatches, step: int, grad_accum_steps: int, autocast) -> float:
@@ -128,7 +125,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
     needs_lookahead = getattr(local_optimizer(optimizer), "needs_lookahead_grad", False)
     seed_everything(t.seed + ctx.rank)  # independent dropout per rank
 
-    start_step, tokens_seen, checkpoint_path, wandb_run_id = 0, 0, None, None
+    start_step, tokens_seen, checkpoint_path, wandb_run_id, skipped_steps = 0, 0, None, None, 0
     if t.resume:
         found = latest_checkpoint(run_dir, device)
         if found is None:
@@ -144,6 +141,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
                 log.warning("the checkpoint was written by %d processes, this run has %d: the random streams "
                             "(dropout) restart from train.seed", len(rng_states), ctx.world_size)
             start_step, tokens_seen, wandb_run_id = ckpt["step"], ckpt["tokens"], ckpt.get("wandb_run_id")
+            skipped_steps = ckpt.get("skipped_steps", 0)
             log.info("resumed from %s at step %d", checkpoint_path, start_step)
     train_model = wrap_data_parallel(torch.compile(model) if t.compile else model, ctx)
 
@@ -168,7 +166,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
         if ctx.is_main:
             state = {"model": model.state_dict(), "optimizer": optimizer_state, "step": step,
                      "tokens": tokens_seen, "rng": rng_states, "config": config_dict,
-                     "wandb_run_id": metrics.wandb_run_id}
+                     "wandb_run_id": metrics.wandb_run_id, "skipped_steps": guard.skipped_steps}
             path = save_checkpoint(run_dir, step, state, keep=t.keep_checkpoints)
         barrier(ctx)  # nobody moves on (or exits) before the checkpoint is on disk
         return path
@@ -177,6 +175,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
                     decay_iters=t.decay_iters or t.max_iters, schedule=t.lr_schedule,
                     decay_fraction=t.decay_fraction)
     preemption = PreemptionSignal()
+    guard = DivergenceGuard(t.max_skipped_steps, skipped_steps)
     if start_step == 0:
         evaluate(0)
     window_seconds, window_steps = 0.0, 0
@@ -184,24 +183,20 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
         step_start = time.perf_counter()
         lr = learning_rate(step, **schedule)
         set_learning_rate(optimizer, lr, cfg.optimizer.lr)
+        lookahead_norm = 0.0
         if needs_lookahead:
             # Exact MARS: the gradient at the current parameters on the next step's batch becomes the
             # remembered gradient that the next step corrects against.
             accumulate_gradients(train_model, train_batches, step + 1, t.grad_accum_steps, autocast)
-            clip_gradients(model, t.grad_clip)
+            lookahead_norm = clip_gradients(model, t.grad_clip)
             local_optimizer(optimizer).stash_lookahead_grad()
             optimizer.zero_grad(set_to_none=True)
         train_loss = accumulate_gradients(train_model, train_batches, step, t.grad_accum_steps, autocast)
         grad_norm = clip_gradients(model, t.grad_clip)
         # Checked every step (one host sync) so that a divergence names the exact step it happened at. The
-        # gradient norm is the same on every rank (all-reduced gradients), so all ranks stop together.
-        if not (math.isfinite(train_loss) and math.isfinite(grad_norm)):
-            raise TrainingDiverged(
-                f"non-finite training loss {train_loss} / gradient norm {grad_norm} at step {step + 1}; "
-                f"last good checkpoint: {checkpoint_path or 'none written yet'}. Lower optimizer.lr or "
-                "raise train.warmup_iters, then resume with train.resume=true"
-            )
-        optimizer.step()
+        # gradient norm is the same on every rank (all-reduced gradients), so all ranks decide alike.
+        if guard.allows_update(step + 1, train_loss, grad_norm, checkpoint_path, lookahead_norm):
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         tokens_seen += tokens_per_step
         done = step + 1
@@ -220,6 +215,8 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
                       "train/loss": sum_across_ranks(train_loss, ctx) / ctx.world_size,
                       "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
                       "step_ms": 1000 * window_seconds / window_steps}
+            if guard.skipped_steps:
+                record["skipped_steps"] = guard.skipped_steps
             if flops_peak:
                 record["mfu"] = tokens_per_s / ctx.world_size * model_config.flops_per_token(t.block_size) / flops_peak
             if device.type == "cuda":

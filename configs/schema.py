@@ -132,6 +132,7 @@ class TrainConfig:
     checkpoint_interval: int = 250
     keep_checkpoints: int = 2
     resume: bool = False
+    max_skipped_steps: int = 0  # steps with a NaN/inf loss or gradient to skip before stopping; 0 stops at once
     zero1: bool = False  # shard the optimizer state across DDP ranks (ZeRO stage 1)
 
 
@@ -207,6 +208,7 @@ def validate(cfg) -> None:
              f"the lr decay must end after warmup: train.decay_iters ({decay_iters}) <= train.warmup_iters "
              f"({t.warmup_iters}); lower train.warmup_iters or raise train.decay_iters")
     _require(0.0 < t.decay_fraction <= 1.0, f"train.decay_fraction must be in (0, 1], got {t.decay_fraction}")
+    _require(t.max_skipped_steps >= 0, f"train.max_skipped_steps must be >= 0, got {t.max_skipped_steps}")
     _require(t.grad_clip >= 0.0, f"train.grad_clip must be >= 0 (0 disables it), got {t.grad_clip}")
     _require(o.lr > 0.0, f"optimizer.lr must be positive, got {o.lr}")
     _require(0.0 <= t.min_lr <= o.lr, f"train.min_lr ({t.min_lr}) must lie in [0, optimizer.lr={o.lr}]")

@@ -80,6 +80,14 @@ def test_divergence_stops_with_the_step_and_last_checkpoint(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_skipped_non_finite_steps_are_counted_in_the_log_before_the_run_stops(tmp_path):
+    result = run_train(tmp_path, *SMALL, "train.max_iters=20", "optimizer.lr=1e30", "train.min_lr=0",
+                       "train.warmup_iters=0", "train.max_skipped_steps=2", check=False)
+    assert result.returncode != 0
+    assert "after skipping 2 such step(s)" in result.stderr
+    assert [r["skipped_steps"] for r in metrics(tmp_path) if "skipped_steps" in r] == [1, 2]
+
+
 def test_bad_value_stops_at_start_with_one_message(tmp_path):
     result = run_train(tmp_path, "train.batch_size=0", check=False)
     assert result.returncode != 0

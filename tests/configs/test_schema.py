@@ -71,6 +71,7 @@ def test_enum_values_are_checked():
     ("optimizer.lr=0", "optimizer.lr"),
     ("train.min_lr=1.0", "train.min_lr"),
     ("train.grad_clip=-1", "train.grad_clip"),
+    ("train.max_skipped_steps=-1", "train.max_skipped_steps"),
     ("model.n_head=3", "model.n_head"),
 ])
 def test_out_of_range_values_are_rejected_naming_the_key(override, key):

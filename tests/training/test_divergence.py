@@ -1,0 +1,30 @@
+"""DivergenceGuard: finite steps pass, non-finite ones are skipped up to the limit, then the run stops."""
+import math
+
+import pytest
+
+from training.divergence import DivergenceGuard, TrainingDiverged
+
+
+def test_finite_steps_are_applied_and_not_counted():
+    guard = DivergenceGuard(max_skipped_steps=1)
+    assert all(guard.allows_update(step, 3.0, 1.5, lookahead_grad_norm=0.7) for step in range(1, 5))
+    assert guard.skipped_steps == 0
+
+
+@pytest.mark.parametrize("loss, grad_norm, lookahead", [(math.nan, 1.0, 0.0), (2.0, math.inf, 0.0),
+                                                        (2.0, 1.0, math.nan)])
+def test_without_skips_the_first_non_finite_step_stops_naming_step_and_checkpoint(loss, grad_norm, lookahead):
+    with pytest.raises(TrainingDiverged, match=r"at step 7; last good checkpoint: ckpt_5.pt"):
+        DivergenceGuard().allows_update(7, loss, grad_norm, "ckpt_5.pt", lookahead)
+
+
+def test_skips_up_to_the_limit_then_stops_and_the_count_survives_a_resume():
+    guard = DivergenceGuard(max_skipped_steps=2)
+    assert not guard.allows_update(3, math.nan, math.nan)
+    assert guard.allows_update(4, 2.0, 1.0)
+    assert not guard.allows_update(5, 2.0, math.inf)
+    assert guard.skipped_steps == 2
+    resumed = DivergenceGuard(max_skipped_steps=2, skipped_steps=guard.skipped_steps)
+    with pytest.raises(TrainingDiverged, match="at step 9 after skipping 2 such step"):
+        resumed.allows_update(9, math.nan, 1.0)

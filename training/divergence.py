@@ -1,0 +1,45 @@
+"""Stop on a non-finite loss or gradient norm, or skip up to a set number of such steps first."""
+import logging
+import math
+
+log = logging.getLogger(__name__)
+
+
+class TrainingDiverged(RuntimeError):
+    pass
+
+
+class DivergenceGuard:
+    """Decides, step by step, whether the update may be applied.
+
+    A step whose loss or gradient norm is NaN/inf is skipped (its gradient dropped, the data and the schedule
+    moving on) while fewer than ``max_skipped_steps`` have been skipped in the run so far; the next one stops
+    the run with a message naming the step and the last good checkpoint. ``skipped_steps`` travels in the
+    checkpoint, so a resumed run keeps counting.
+    """
+
+    def __init__(self, max_skipped_steps: int = 0, skipped_steps: int = 0):
+        self.max_skipped_steps, self.skipped_steps = max_skipped_steps, skipped_steps
+
+    def allows_update(self, step: int, loss: float, grad_norm: float, checkpoint_path=None,
+                      lookahead_grad_norm: float = 0.0) -> bool:
+        """False to skip this step's update; raises TrainingDiverged when no skip is left.
+
+        ``lookahead_grad_norm``: exact MARS's extra gradient, which the next update corrects against.
+        """
+        if math.isfinite(loss) and math.isfinite(grad_norm) and math.isfinite(lookahead_grad_norm):
+            return True
+        if not math.isfinite(lookahead_grad_norm):
+            grad_norm = f"{grad_norm} (look-ahead gradient norm {lookahead_grad_norm})"
+        if self.skipped_steps >= self.max_skipped_steps:
+            skipped = f" after skipping {self.skipped_steps} such step(s)" if self.skipped_steps else ""
+            raise TrainingDiverged(
+                f"non-finite training loss {loss} / gradient norm {grad_norm} at step {step}{skipped}; "
+                f"last good checkpoint: {checkpoint_path or 'none written yet'}. Lower optimizer.lr or "
+                "raise train.warmup_iters, then resume with train.resume=true"
+            )
+        self.skipped_steps += 1
+        log.warning("non-finite training loss %s / gradient norm %s at step %d: update skipped (%d of "
+                    "train.max_skipped_steps=%d)", loss, grad_norm, step, self.skipped_steps,
+                    self.max_skipped_steps)
+        return False
