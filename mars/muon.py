@@ -3,6 +3,7 @@ adapted from KellerJordan/modded-nanogpt), with AdamW for the tensors that are n
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from mars import reference
@@ -29,8 +30,12 @@ class Muon(torch.optim.Optimizer):
     ``ns_dtype`` (the authors' bfloat16 by default; float32 is ~10x faster on CPUs without bfloat16 units). Other
     tensors take AdamW (:func:`mars.reference.adamw_step`) with ``adamw_betas``, ``adamw_eps``,
     ``adamw_weight_decay`` and learning rate :math:`\eta_t \cdot` ``adamw_lr / lr``, so one schedule on
-    ``group['lr']`` drives both. State is float32 whatever the parameter dtype. The authors' multi-GPU code
-    also rounds each update to bfloat16 in its all-reduce buffer; this single-process version does not.
+    ``group['lr']`` drives both. State is float32 whatever the parameter dtype.
+
+    Same-shaped matrices are orthogonalised as one batch. Under DDP, pass ``process_group`` (every rank must
+    hold the same gradients): each rank then orthogonalises a share of the matrices, balanced by cost, and
+    one all-reduce gives everyone every update, as the authors' multi-GPU code does; theirs rounds the
+    updates to bfloat16 in that buffer, this one keeps float32, so N ranks step exactly as one process does.
     """
 
     def __init__(
@@ -46,6 +51,7 @@ class Muon(torch.optim.Optimizer):
         adamw_eps: float = 1e-8,
         adamw_weight_decay: float = 0.1,
         ns_dtype: torch.dtype = torch.bfloat16,
+        process_group: dist.ProcessGroup | None = None,
     ):
         if not lr > 0.0:
             raise ValueError(f"lr must be > 0 (adamw_lr is applied as the ratio adamw_lr / lr), got {lr!r}")
@@ -56,6 +62,8 @@ class Muon(torch.optim.Optimizer):
             adamw_weight_decay=adamw_weight_decay, ns_dtype=ns_dtype,
         )
         super().__init__(params, defaults)
+        # Not a hyperparameter: kept out of param_groups, which state_dict() saves.
+        self.process_group = process_group
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group after checking its hyperparameters (defaults filled in) and its parameters."""
@@ -82,32 +90,39 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
+            matrices = []
             for param in group["params"]:
                 if param.grad is None:
                     continue
                 if param.grad.is_sparse:
                     raise RuntimeError("Muon does not support sparse gradients; use dense gradients for this parameter")
                 if param.dim() == 2:
-                    self._muon_step(param, group)
+                    matrices.append(param)
                 else:
                     self._adamw_step(param, group)
+            if matrices:
+                self._muon_step(matrices, group)
         return loss
 
-    def _muon_step(self, param: Tensor, group: dict[str, Any]) -> None:
-        """Orthogonalised (Nesterov) momentum step of one 2-D tensor."""
-        state = self.state[param]
-        if "momentum_buffer" not in state:
-            state["momentum_buffer"] = float32_zeros_like(param)
-        momentum_buffer = state["momentum_buffer"]
-        grad = param.grad.float()
-        momentum_buffer.mul_(group["momentum"]).add_(grad)
-        direction = grad.add(momentum_buffer, alpha=group["momentum"]) if group["nesterov"] else momentum_buffer
-        shape_scale = max(1.0, param.size(0) / param.size(1)) ** 0.5
-        update = reference.newton_schulz5(direction, steps=group["ns_steps"], dtype=group["ns_dtype"]).mul_(shape_scale)
+    def _muon_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
+        """Orthogonalised (Nesterov) momentum step of a group's 2-D tensors."""
+        directions = []
+        for param in params:
+            state = self.state[param]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = float32_zeros_like(param)
+            momentum_buffer = state["momentum_buffer"]
+            grad = param.grad.float()
+            momentum_buffer.mul_(group["momentum"]).add_(grad)
+            directions.append(grad.add(momentum_buffer, alpha=group["momentum"]) if group["nesterov"]
+                              else momentum_buffer)
+        orthogonalised = orthogonalise(directions, group["ns_steps"], group["ns_dtype"], self.process_group)
         lr = group["lr"]
-        param32 = param.float()
-        param32.mul_(1.0 - lr * group["weight_decay"]).add_(update, alpha=-lr)
-        param.copy_(param32)
+        for param, update in zip(params, orthogonalised):
+            shape_scale = max(1.0, param.size(0) / param.size(1)) ** 0.5
+            param32 = param.float()
+            param32.mul_(1.0 - lr * group["weight_decay"]).add_(update.mul_(shape_scale), alpha=-lr)
+            param.copy_(param32)
 
     def _adamw_step(self, param: Tensor, group: dict[str, Any]) -> None:
         """AdamW step of one tensor that is not 2-D."""
@@ -127,3 +142,57 @@ class Muon(torch.optim.Optimizer):
         """Load as ``torch.optim.Optimizer`` does, keeping float32 state for low-precision parameters."""
         super().load_state_dict(state_dict)
         restore_float32_state(self, state_dict)
+
+
+def newton_schulz_cost(shape: torch.Size) -> int:
+    """Multiply-adds of one Newton-Schulz iteration on a matrix of ``shape``, up to a constant."""
+    small, large = sorted(shape)
+    return small * small * large
+
+
+def assign_owners(shapes: list[torch.Size], world_size: int) -> list[int]:
+    """The rank that orthogonalises each matrix: largest first, each to the least loaded rank so far.
+
+    Deterministic, so that every rank computes the same assignment from the same parameter list.
+    """
+    loads, owners = [0] * world_size, [0] * len(shapes)
+    for index in sorted(range(len(shapes)), key=lambda i: -newton_schulz_cost(shapes[i])):
+        owner = min(range(world_size), key=loads.__getitem__)
+        owners[index] = owner
+        loads[owner] += newton_schulz_cost(shapes[index])
+    return owners
+
+
+def orthogonalise(matrices: list[Tensor], steps: int, dtype: torch.dtype,
+                  process_group: dist.ProcessGroup | None = None) -> list[Tensor]:
+    """Newton-Schulz of each matrix; same-shaped ones go through as one batch (fewer, larger products).
+
+    With a ``process_group`` of several ranks, all holding the same ``matrices`` (DDP's all-reduced
+    gradients), each rank orthogonalises its share (:func:`assign_owners`) and an all-reduce of one flat
+    float32 buffer, zero outside each owner's slots, hands every rank all results exactly: the cost per rank
+    falls with the number of ranks instead of being repeated on each.
+    """
+    world_size = dist.get_world_size(process_group) if process_group is not None else 1
+    rank = dist.get_rank(process_group) if process_group is not None else 0
+    owners = assign_owners([m.shape for m in matrices], world_size)
+    results: list[Tensor | None] = [None] * len(matrices)
+    by_shape: dict[torch.Size, list[int]] = {}
+    for index, matrix in enumerate(matrices):
+        if owners[index] == rank:
+            by_shape.setdefault(matrix.shape, []).append(index)
+    for indices in by_shape.values():
+        if len(indices) == 1:
+            results[indices[0]] = reference.newton_schulz5(matrices[indices[0]], steps=steps, dtype=dtype)
+        else:
+            batch = reference.newton_schulz5(torch.stack([matrices[i] for i in indices]), steps=steps, dtype=dtype)
+            for index, result in zip(indices, batch.unbind(0)):
+                results[index] = result
+    if world_size == 1:
+        return results
+    flat = torch.zeros(sum(m.numel() for m in matrices), dtype=torch.float32, device=matrices[0].device)
+    views = flat.split([m.numel() for m in matrices])
+    for view, result in zip(views, results):
+        if result is not None:
+            view.copy_(result.flatten())
+    dist.all_reduce(flat, group=process_group)  # x + 0 + ... + 0 = x: exact
+    return [view.view_as(matrix).to(matrix.dtype) for view, matrix in zip(views, matrices)]

@@ -59,20 +59,22 @@ def adam_denominator(exp_avg_sq: Tensor, step: int, beta1: float, beta2: float, 
 def newton_schulz5(matrix: Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype = torch.bfloat16) -> Tensor:
     """Approximate orthogonalisation U V^T of ``matrix`` by a quintic Newton-Schulz iteration in ``dtype``.
 
+    ``matrix`` may be a batch of same-shaped matrices (batch x rows x cols), each normalised by its own norm.
     bfloat16 is what the authors (and Muon's) run on GPUs; CPUs without bfloat16 matrix units run it ~10x slower
     than float32, hence the choice.
     """
     a, b, c = NEWTON_SCHULZ_COEFFS
-    x = matrix.to(dtype) / (matrix.norm() + eps)
-    transposed = matrix.size(0) > matrix.size(1)
+    norm = matrix.norm() if matrix.dim() == 2 else matrix.norm(dim=(-2, -1), keepdim=True)
+    x = matrix.to(dtype) / (norm + eps)
+    transposed = matrix.size(-2) > matrix.size(-1)
     if transposed:
-        x = x.T
+        x = x.mT
     for _ in range(steps):
-        gram = x @ x.T
+        gram = x @ x.mT
         gram_x = gram @ x
         x = a * x + b * gram_x + c * gram @ gram_x
     if transposed:
-        x = x.T
+        x = x.mT
     return x.to(matrix.dtype)
 
 

@@ -1,5 +1,6 @@
 """Builds the optimizer named by the config, with the parameter grouping every optimizer shares."""
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -58,6 +59,9 @@ def build_optimizer(cfg, model: nn.Module, zero1: bool = False) -> torch.optim.O
     """
     optimizer_class, arguments = optimizer_class_and_arguments(cfg)
     groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
+    if cfg.name == "muon" and not zero1 and dist.is_initialized() and dist.get_world_size() > 1:
+        # DDP ranks hold the same gradients: share the Newton-Schulz work out (ZeRO-1 already splits it).
+        arguments["process_group"] = dist.group.WORLD
     if zero1:
         return ZeroRedundancyOptimizer(groups, optimizer_class=optimizer_class, **arguments)
     return optimizer_class(groups, **arguments)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from mars import Muon, reference
+from mars.muon import assign_owners, newton_schulz_cost
 
 
 def test_two_nesterov_steps_match_the_update_written_out():
@@ -34,6 +35,36 @@ def test_ns_dtype_float32_orthogonalises_in_float32():
     param.grad = grad
     Muon([param], lr=0.02, nesterov=False, ns_dtype=torch.float32).step()
     torch.testing.assert_close(param.detach(), expected, rtol=0, atol=0)
+
+
+def test_same_shaped_matrices_stepped_together_match_one_optimizer_each():
+    torch.manual_seed(3)
+    shapes = [(8, 4), (8, 4), (4, 8), (8, 4), (6, 6)]
+    together = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
+    alone = [torch.nn.Parameter(p.detach().clone()) for p in together]
+    batched = Muon(together, lr=0.02, weight_decay=0.1, ns_dtype=torch.float32)
+    singles = [Muon([p], lr=0.02, weight_decay=0.1, ns_dtype=torch.float32) for p in alone]
+    for _ in range(3):
+        grads = [torch.randn(shape) for shape in shapes]
+        for p, q, grad in zip(together, alone, grads):
+            p.grad, q.grad = grad.clone(), grad.clone()
+        batched.step()
+        for single in singles:
+            single.step()
+    for p, q in zip(together, alone):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_owners_balance_newton_schulz_work_and_the_largest_matrix_gets_a_rank_alone():
+    shapes = [torch.Size(s) for s in [(768, 768)] * 12 + [(50304, 768)] + [(3072, 768)] * 12]
+    owners = assign_owners(shapes, world_size=4)
+    loads = [sum(newton_schulz_cost(s) for s, o in zip(shapes, owners) if o == rank) for rank in range(4)]
+    embedding_owner = owners[12]
+    assert [o for o in owners if o == embedding_owner] == [embedding_owner]  # the embedding's rank does no more
+    assert max(loads) == loads[embedding_owner]  # nothing can be better than the largest single matrix
+    others = [load for rank, load in enumerate(loads) if rank != embedding_owner]
+    assert max(others) - min(others) <= newton_schulz_cost(torch.Size((3072, 768)))
+    assert assign_owners(shapes, world_size=1) == [0] * len(shapes)
 
 
 def test_without_nesterov_the_momentum_buffer_is_orthogonalised():

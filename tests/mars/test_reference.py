@@ -170,6 +170,16 @@ def test_newton_schulz_in_float32_tracks_float64_where_bfloat16_rounds(shape):
     assert bfloat16_error > 100 * float32_error  # the default really iterates in bfloat16
 
 
+@pytest.mark.parametrize("shape", [(4, 12, 12), (3, 20, 6), (2, 5, 9)])
+def test_a_batch_of_matrices_is_orthogonalised_each_by_its_own_norm(shape):
+    torch.manual_seed(10)
+    batch = torch.randn(shape) * torch.tensor([1.0, 30.0, 0.01, 5.0])[: shape[0], None, None]
+    together = reference.newton_schulz5(batch, dtype=torch.float32)
+    for matrix, result in zip(batch, together):
+        torch.testing.assert_close(result, reference.newton_schulz5(matrix, dtype=torch.float32),
+                                   rtol=1e-5, atol=1e-6)
+
+
 def test_uses_mars_rule_for_2d_tensors_or_everything_with_optimize_1d():
     assert reference.uses_mars_rule(torch.zeros(3, 4), optimize_1d=False)
     assert not reference.uses_mars_rule(torch.zeros(3), optimize_1d=False)

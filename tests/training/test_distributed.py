@@ -29,12 +29,14 @@ def losses(records, key):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", ["mars-adamw", "adamw"])
+@pytest.mark.parametrize("optimizer", ["mars-adamw", "adamw", "muon"])
 def test_two_gloo_ranks_train_like_one_process_with_doubled_accumulation(tmp_path, optimizer):
+    # Muon: the two ranks share out the Newton-Schulz work; float32 keeps this 1-layer run fast on a CPU.
+    extra = ["optimizer.ns_dtype=float32"] if optimizer == "muon" else []
     one, one_ckpt = run([sys.executable, "train.py"], tmp_path / "one", f"optimizer={optimizer}",
-                        "train.grad_accum_steps=4")
+                        "train.grad_accum_steps=4", *extra)
     two, two_ckpt = run([*TORCHRUN, "train.py"], tmp_path / "two", f"optimizer={optimizer}",
-                        "train.grad_accum_steps=2")  # no_sync on the first micro-batch, all-reduce on the second
+                        "train.grad_accum_steps=2", *extra)  # no_sync on the first micro-batch, all-reduce on the second
     assert losses(two, "train/loss") == pytest.approx(losses(one, "train/loss"), rel=1e-6)
     assert losses(two, "val/loss") == pytest.approx(losses(one, "val/loss"), rel=1e-6)
     assert [r["tokens"] for r in two] == [r["tokens"] for r in one]  # the global batch counts every rank
@@ -44,7 +46,7 @@ def test_two_gloo_ranks_train_like_one_process_with_doubled_accumulation(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mars_type", ["mars-adamw", "mars-lion"])
+@pytest.mark.parametrize("mars_type", ["mars-adamw", "mars-lion", "muon"])
 def test_every_rank_reaches_the_same_parameters(mars_type):
     result = subprocess.run([*TORCHRUN, str(Path(__file__).with_name("ddp_invariants.py")), mars_type],
                             cwd=REPO, capture_output=True, text=True, timeout=300,
