@@ -16,7 +16,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from configs.schema import register_configs, validate
+from configs.schema import grad_accum_steps_for, register_configs, validate
 from data.loader import TokenBatches, build_batches
 from model import GPT, GPTConfig
 from training.checkpoint import latest_checkpoint, save_checkpoint
@@ -106,6 +106,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
     device = ctx.device
     if not ctx.is_main:
         logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the run
+    t.grad_accum_steps = grad_accum_steps_for(t, ctx.world_size)  # the checkpoint's config records the result
     dtype = resolve_dtype(t.dtype, device)
     autocast = autocast_context(device, dtype)
 

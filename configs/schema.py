@@ -115,6 +115,9 @@ class TrainConfig:
     batch_size: int = 8  # sequences per micro-batch
     block_size: int = 128  # tokens per sequence, at most model.block_size
     grad_accum_steps: int = 1
+    # Sequences per optimizer step over all ranks. When set, grad_accum_steps is derived from it and the number
+    # of processes, so a preset keeps its batch on 1, 8 or 64 GPUs.
+    global_batch_size: Optional[int] = None
     max_iters: int = 250
     eval_interval: int = 50
     eval_iters: int = 8
@@ -201,6 +204,9 @@ def validate(cfg) -> None:
         f"train.block_size ({t.block_size}) exceeds the model's context model.block_size ({m.block_size}): "
         "lower train.block_size or raise model.block_size",
     )
+    _require(t.global_batch_size is None or (t.global_batch_size > 0 and t.global_batch_size % t.batch_size == 0),
+             f"train.global_batch_size ({t.global_batch_size}) must be a positive multiple of train.batch_size "
+             f"({t.batch_size})")
     _require(t.warmup_iters >= 0, f"train.warmup_iters must be >= 0, got {t.warmup_iters}")
     decay_iters = t.decay_iters if t.decay_iters is not None else t.max_iters
     # A run shorter than its warmup (a smoke test) never reaches the decay; otherwise the decay must end after it.
@@ -215,3 +221,19 @@ def validate(cfg) -> None:
     _require(o.weight_decay >= 0.0, f"optimizer.weight_decay must be >= 0, got {o.weight_decay}")
     _require(cfg.data.name != "custom" or cfg.data.dir is not None,
              "data=custom needs data.dir=/path/to/shards (made by `python -m data.prepare files ... --out DIR`)")
+
+
+def grad_accum_steps_for(t, world_size: int) -> int:
+    """Micro-batches per step on each rank: ``train.grad_accum_steps``, or what ``train.global_batch_size`` needs."""
+    if t.global_batch_size is None:
+        return t.grad_accum_steps
+    per_micro_step = t.batch_size * world_size
+    _require(t.global_batch_size % per_micro_step == 0,
+             f"train.global_batch_size ({t.global_batch_size}) is not a multiple of train.batch_size "
+             f"({t.batch_size}) x {world_size} process(es) = {per_micro_step}: change train.batch_size or the "
+             "number of processes")
+    derived = t.global_batch_size // per_micro_step
+    _require(t.grad_accum_steps in (1, derived),
+             f"train.grad_accum_steps={t.grad_accum_steps} contradicts train.global_batch_size="
+             f"{t.global_batch_size} (which needs {derived} on {world_size} process(es)): set only one of them")
+    return derived

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from configs.schema import register_configs, validate
+from configs.schema import ConfigError, grad_accum_steps_for, register_configs, validate
 from data.corpora import data_root
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -23,12 +23,6 @@ register_configs()
 def load(*overrides):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         return compose(config_name="config", overrides=list(overrides))
-
-
-def assumed_gpus(name: str) -> int:
-    match = re.search(r"Assumes (\d+) GPUs", (CONFIG_DIR / "experiment" / f"{name}.yaml").read_text())
-    assert match, f"configs/experiment/{name}.yaml does not state the GPU count its batch settings assume"
-    return int(match.group(1))
 
 
 def test_every_run_the_paper_reports_has_a_preset():
@@ -53,7 +47,7 @@ def test_preset_validates_and_runs_what_its_name_says(name):
         assert (o.name, o.mars_type, o.is_approx) == ("mars", "mars-adamw", optimizer == "mars-approx")
     else:
         assert o.name == optimizer
-    tokens = t.max_iters * t.batch_size * t.grad_accum_steps * assumed_gpus(name) * t.block_size
+    tokens = t.max_iters * t.global_batch_size * t.block_size
     budget = int(parts["billions"]) * 1e9
     assert abs(tokens - budget) <= 0.02 * budget, f"{name} trains {tokens:.3g} tokens"
     assert cfg.wandb.run_name == name
@@ -67,7 +61,7 @@ def test_preset_keeps_the_authors_fixed_settings(name):
     assert cfg.optimizer.decay_embeddings is False
     assert (t.lr_schedule.value, t.warmup_iters, t.decay_iters, t.grad_clip) == ("cosine", 2000, None, 1.0)
     # 480 sequences of 1024 tokens per step: 491,520 tokens, as in the authors' scripts on 8 GPUs.
-    assert t.batch_size * t.grad_accum_steps * assumed_gpus(name) == 480
+    assert t.global_batch_size == 480
 
 
 # The authors' config/train_gpt2_<size>_<optimizer>.py and their README's hyperparameter table.
@@ -98,7 +92,8 @@ def test_preset_uses_the_authors_hyperparameters(name):
     parts = NAME.fullmatch(name)
     expected = dict(AUTHORS[parts["size"], parts["optimizer"].split("-")[0]])
     cfg = load(f"experiment={name}")
-    assert (cfg.train.batch_size, cfg.train.grad_accum_steps) == expected.pop("batch")
+    # Per-GPU batch and accumulation on the authors' 8 GPUs.
+    assert (cfg.train.batch_size, grad_accum_steps_for(cfg.train, world_size=8)) == expected.pop("batch")
     assert cfg.train.min_lr == expected.pop("min_lr")
     for key, value in expected.items():
         actual = cfg.optimizer[key]
@@ -111,5 +106,20 @@ def test_fineweb_presets_read_the_100b_sample_where_data_prepare_writes_it():
 
 
 def test_command_line_overrides_apply_on_top_of_a_preset():
-    cfg = load("experiment=owt-gpt2-small-5b-mars-approx", "optimizer.gamma=0.01", "train.grad_accum_steps=8")
-    assert (cfg.optimizer.gamma, cfg.train.grad_accum_steps, cfg.optimizer.lr) == (0.01, 8, 6e-3)
+    cfg = load("experiment=owt-gpt2-small-5b-mars-approx", "optimizer.gamma=0.01", "train.global_batch_size=240")
+    assert (cfg.optimizer.gamma, cfg.train.global_batch_size, cfg.optimizer.lr) == (0.01, 240, 6e-3)
+
+
+@pytest.mark.parametrize("gpus, accumulation", [(1, 32), (2, 16), (4, 8), (8, 4), (32, 1)])
+def test_a_preset_keeps_its_global_batch_on_any_gpu_count(gpus, accumulation):
+    t = load("experiment=owt-gpt2-small-5b-adamw").train
+    assert grad_accum_steps_for(t, gpus) == accumulation
+    assert t.batch_size * gpus * accumulation == 480
+
+
+def test_a_gpu_count_that_cannot_make_the_global_batch_is_refused_naming_the_numbers():
+    with pytest.raises(ConfigError, match=r"global_batch_size \(480\) is not a multiple of .*15.* x 3 process"):
+        grad_accum_steps_for(load("experiment=owt-gpt2-small-5b-adamw").train, 3)
+    t = load("experiment=owt-gpt2-small-5b-adamw", "train.grad_accum_steps=2").train
+    with pytest.raises(ConfigError, match="contradicts"):
+        grad_accum_steps_for(t, 8)

@@ -33,10 +33,12 @@ def losses(records, key):
 def test_two_gloo_ranks_train_like_one_process_with_doubled_accumulation(tmp_path, optimizer):
     # Muon: the two ranks share out the Newton-Schulz work; float32 keeps this 1-layer run fast on a CPU.
     extra = ["optimizer.ns_dtype=float32"] if optimizer == "muon" else []
+    # One global batch of 8 sequences of 2: accumulation 4 in one process, 2 on each of two ranks (no_sync on
+    # the first micro-batch, all-reduce on the second).
     one, one_ckpt = run([sys.executable, "train.py"], tmp_path / "one", f"optimizer={optimizer}",
-                        "train.grad_accum_steps=4", *extra)
+                        "train.global_batch_size=8", *extra)
     two, two_ckpt = run([*TORCHRUN, "train.py"], tmp_path / "two", f"optimizer={optimizer}",
-                        "train.grad_accum_steps=2", *extra)  # no_sync on the first micro-batch, all-reduce on the second
+                        "train.global_batch_size=8", *extra)
     assert losses(two, "train/loss") == pytest.approx(losses(one, "train/loss"), rel=1e-6)
     assert losses(two, "val/loss") == pytest.approx(losses(one, "val/loss"), rel=1e-6)
     assert [r["tokens"] for r in two] == [r["tokens"] for r in one]  # the global batch counts every rank
