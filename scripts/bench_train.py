@@ -1,0 +1,182 @@
+"""Training throughput per optimizer: tokens/s, MFU, where a step's time goes, and peak memory.
+
+    python -m scripts.bench_train --model gpt2-small --batch-size 16 --block-size 1024 --compile   (on a GPU)
+    python -m scripts.bench_train --model tiny --batch-size 8 --block-size 128 --device cpu        (anywhere)
+
+Each optimizer trains the same model (the configs in configs/model/ and configs/optimizer/, built as train.py
+builds them) on the embedded corpus' batches for ``--warmup`` untimed then ``--steps`` timed steps of one
+micro-batch. Steps are timed phase by phase, each phase closed by a device synchronisation: data (the loader's
+batch on the device), forward, backward, look-ahead (exact MARS's second gradient, when configured), clip (the
+gradient norm), optimizer. Syncing between phases costs a little overlap on a GPU; the total is also timed
+without the inner syncs (``step ms``), and tokens/s and MFU come from that. Writes a markdown table and JSON to
+``results/bench_train_<device>.{md,json}``; compare rows of one run (ratios), not runs of different days.
+"""
+import argparse
+import datetime
+import json
+import resource
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from configs.schema import Precision, register_configs
+from data.loader import build_batches
+from model import GPT, GPTConfig
+from scripts.bench_optimizer import device_name
+from training.optimizers import build_optimizer
+from training.runtime import autocast_context, peak_flops, resolve_dtype
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+OPTIMIZERS = {  # label: overrides of configs/
+    "AdamW": ["optimizer=adamw"],
+    "MARS-AdamW approx": ["optimizer=mars-adamw"],
+    "MARS-AdamW exact": ["optimizer=mars-adamw", "optimizer.is_approx=false"],
+    "MARS-Lion": ["optimizer=mars-lion"],
+    "Muon": ["optimizer=muon"],
+}
+PHASES = ("data", "forward", "backward", "look-ahead", "clip", "optimizer")
+BASELINE = "AdamW"
+
+
+def compose_config(model: str, overrides: list[str]):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name="config", overrides=[f"model={model}", *overrides])
+
+
+class Stopwatch:
+    """Milliseconds of a phase, synchronising the device first so that its queued work counts."""
+
+    def __init__(self, device: torch.device, sync: bool):
+        self.device, self.sync = device, sync
+
+    def __call__(self, fn: Callable[[], object]) -> tuple[object, float]:
+        start = time.perf_counter()
+        result = fn()
+        if self.sync and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return result, 1000.0 * (time.perf_counter() - start)
+
+
+def bench_optimizer(label: str, args, device: torch.device) -> dict:
+    muon = [f"optimizer.ns_dtype={args.ns_dtype}"] if label == "Muon" else []
+    cfg = compose_config(args.model, OPTIMIZERS[label] + muon + args.override)
+    torch.manual_seed(0)
+    model_config = GPTConfig(**OmegaConf.to_container(cfg.model))
+    model = GPT(model_config).to(device)
+    optimizer = build_optimizer(cfg.optimizer, model)
+    train_model = torch.compile(model) if args.compile else model
+    dtype = resolve_dtype(Precision(args.dtype), device)
+    autocast = autocast_context(device, dtype)
+    batches = build_batches(cfg.data, "train", batch_size=args.batch_size, block_size=args.block_size,
+                            grad_accum_steps=1, seed=0, rank=0, world_size=1, device=device,
+                            vocab_size=cfg.model.vocab_size)
+    lookahead = getattr(optimizer, "needs_lookahead_grad", False)
+
+    def gradient(step: int) -> None:
+        x, y = batches.batch(step)
+        with autocast:
+            _, loss = train_model(x, y)
+        loss.backward()
+
+    def step(step_index: int, timer: Stopwatch) -> dict[str, float]:
+        times = dict.fromkeys(PHASES, 0.0)
+        if lookahead:
+            _, times["look-ahead"] = timer(lambda: (gradient(step_index + 1), optimizer.stash_lookahead_grad(),
+                                                    optimizer.zero_grad(set_to_none=True)))
+        (x, y), times["data"] = timer(lambda: batches.batch(step_index))
+
+        def forward():
+            with autocast:
+                return train_model(x, y)[1]
+        loss, times["forward"] = timer(forward)
+        _, times["backward"] = timer(loss.backward)
+        _, times["clip"] = timer(lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        _, times["optimizer"] = timer(lambda: (optimizer.step(), optimizer.zero_grad(set_to_none=True)))
+        return times
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    for i in range(args.warmup):
+        step(i, Stopwatch(device, sync=True))
+    phases = {phase: [] for phase in PHASES}
+    totals = []
+    for i in range(args.warmup, args.warmup + args.steps):
+        # Alternate: phase-by-phase steps (synchronised) and whole steps (not), so both see the same drift.
+        for phase, ms in step(i, Stopwatch(device, sync=True)).items():
+            phases[phase].append(ms)
+        _, total = Stopwatch(device, sync=True)(lambda i=i: step(i + args.steps, Stopwatch(device, sync=False)))
+        totals.append(total)
+    step_ms = statistics.median(totals)
+    tokens_per_s = args.batch_size * args.block_size / (step_ms / 1000)
+    flops = peak_flops(device)
+    return {
+        "label": label, "step_ms": step_ms, "tokens_per_s": tokens_per_s,
+        "mfu": tokens_per_s * model_config.flops_per_token(args.block_size) / flops if flops else None,
+        "phase_ms": {phase: statistics.median(ms) for phase, ms in phases.items()},
+        "peak_memory_gib": (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+                            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2**30,
+    }
+
+
+def markdown_table(rows: list[dict], device: torch.device) -> str:
+    baseline = next((row for row in rows if row["label"] == BASELINE), rows[0])
+    memory = "peak GPU memory GiB" if device.type == "cuda" else "process peak RSS GiB (cumulative)"
+    lines = [f"| optimizer | step ms | vs {baseline['label']} | tokens/s | MFU | "
+             + " | ".join(f"{phase} ms" for phase in PHASES) + f" | {memory} |",
+             "|---|" + "---:|" * (5 + len(PHASES))]
+    for row in rows:
+        mfu = f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else "n/a"
+        phases = " | ".join(f"{row['phase_ms'][phase]:.1f}" for phase in PHASES)
+        lines.append(f"| {row['label']} | {row['step_ms']:.1f} | {row['step_ms'] / baseline['step_ms']:.3f}x | "
+                     f"{row['tokens_per_s']:,.0f} | {mfu} | {phases} | {row['peak_memory_gib']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--model", default="tiny", help="a config in configs/model/ (tiny, gpt2-small, ...)")
+    parser.add_argument("--optimizers", nargs="+", choices=sorted(OPTIMIZERS), default=list(OPTIMIZERS))
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--block-size", type=int, default=128)
+    parser.add_argument("--dtype", choices=[p.value for p in Precision], default="auto")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model, as train.compile=true")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per optimizer (median reported)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, state)")
+    parser.add_argument("--ns-dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                        help="Muon's Newton-Schulz dtype (float32: ~10x faster on CPUs without bfloat16 units)")
+    parser.add_argument("--override", nargs="*", default=[], help="config overrides for every optimizer's run")
+    parser.add_argument("--output-dir", type=Path, default=Path("results"))
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        parser.error("--steps must be >= 1 and --warmup >= 0")
+    device = torch.device(args.device)
+    rows = []
+    for label in args.optimizers:
+        rows.append(bench_optimizer(label, args, device))
+        print(f"{label}: {rows[-1]['step_ms']:.1f} ms/step", file=sys.stderr)
+    table = markdown_table(rows, device)
+    command = "python -m scripts.bench_train " + shlex.join(argv if argv is not None else sys.argv[1:])
+    record = {"command": command, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+              "device": device_name(device), "torch": torch.__version__, "model": args.model,
+              "batch_size": args.batch_size, "block_size": args.block_size, "dtype": args.dtype,
+              "compile": args.compile, "steps": args.steps, "warmup": args.warmup, "rows": rows}
+    header = (f"# Training step per optimizer, {args.model}, {args.batch_size} x {args.block_size} tokens\n\n"
+              f"{record['device']}, torch {torch.__version__}, {record['date']}\n\n`{command}`\n\n")
+    print(header + table)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    stem = args.output_dir / f"bench_train_{device.type}"
+    stem.with_suffix(".md").write_text(header + table + "\n")
+    stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

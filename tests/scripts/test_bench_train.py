@@ -1,0 +1,21 @@
+"""scripts.bench_train on a CPU: one row per optimizer, the phases that optimizer really has, the files."""
+import json
+
+from scripts import bench_train
+
+
+def test_writes_a_row_per_optimizer_with_its_phases(tmp_path):
+    bench_train.main(["--device", "cpu", "--model", "tiny", "--batch-size", "2", "--block-size", "16",
+                      "--steps", "2", "--warmup", "1", "--optimizers", "AdamW", "MARS-AdamW exact",
+                      "--output-dir", str(tmp_path)])
+    record = json.loads((tmp_path / "bench_train_cpu.json").read_text())
+    rows = {row["label"]: row for row in record["rows"]}
+    assert list(rows) == ["AdamW", "MARS-AdamW exact"]
+    assert rows["AdamW"]["phase_ms"]["look-ahead"] == 0.0  # one gradient per step
+    assert rows["MARS-AdamW exact"]["phase_ms"]["look-ahead"] > 0.0  # the exact scheme's second gradient
+    for row in rows.values():
+        assert row["step_ms"] > 0 and row["tokens_per_s"] == 2 * 16 / (row["step_ms"] / 1000)
+        assert all(row["phase_ms"][phase] > 0 for phase in ("forward", "backward", "optimizer"))
+        assert row["mfu"] is None  # no peak FLOP/s is known for a CPU
+    table = (tmp_path / "bench_train_cpu.md").read_text()
+    assert "| AdamW | " in table and "| MARS-AdamW exact | " in table and "bench_train --device cpu" in table
