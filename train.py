@@ -28,7 +28,7 @@ from training.preemption import PreemptionSignal
 from training.optimizers import build_optimizer, full_state_dict, local_optimizer, state_bytes
 from training.runtime import (autocast_context, peak_flops, resolve_device, resolve_dtype, rng_state,
                               seed_everything, set_rng_state)
-from training.schedule import learning_rate, set_learning_rate
+from training.schedule import apply_schedule
 
 log = logging.getLogger("train")
 VAL_SEED = 0  # fixed: every run of a setting, whatever its seed, is evaluated on the same windows
@@ -172,7 +172,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
         barrier(ctx)  # nobody moves on (or exits) before the checkpoint is on disk
         return path
 
-    schedule = dict(peak_lr=cfg.optimizer.lr, min_lr=t.min_lr, warmup_iters=t.warmup_iters,
+    schedule = dict(min_lr=t.min_lr, warmup_iters=t.warmup_iters,
                     decay_iters=t.decay_iters or t.max_iters, schedule=t.lr_schedule,
                     decay_fraction=t.decay_fraction)
     preemption = PreemptionSignal()
@@ -182,8 +182,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
     window_seconds, window_steps = 0.0, 0
     for step in range(start_step, t.max_iters):
         step_start = time.perf_counter()
-        lr = learning_rate(step, **schedule)
-        set_learning_rate(optimizer, lr, cfg.optimizer.lr)
+        lr = apply_schedule(optimizer, step, schedule, cfg.optimizer)
         lookahead_norm = 0.0
         if needs_lookahead:
             # Exact MARS: the gradient at the current parameters on the next step's batch becomes the

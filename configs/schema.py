@@ -218,6 +218,9 @@ def validate(cfg) -> None:
     _require(t.grad_clip >= 0.0, f"train.grad_clip must be >= 0 (0 disables it), got {t.grad_clip}")
     _require(o.lr > 0.0, f"optimizer.lr must be positive, got {o.lr}")
     _require(0.0 <= t.min_lr <= o.lr, f"train.min_lr ({t.min_lr}) must lie in [0, optimizer.lr={o.lr}]")
+    if o.name == "muon":
+        _require(t.min_lr <= o.adamw_lr, f"train.min_lr ({t.min_lr}) must not exceed optimizer.adamw_lr "
+                 f"({o.adamw_lr}): both parts of Muon decay to train.min_lr")
     _require(o.weight_decay >= 0.0, f"optimizer.weight_decay must be >= 0, got {o.weight_decay}")
     _require(cfg.data.name != "custom" or cfg.data.dir is not None,
              "data=custom needs data.dir=/path/to/shards (made by `python -m data.prepare files ... --out DIR`)")

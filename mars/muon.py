@@ -30,7 +30,9 @@ class Muon(torch.optim.Optimizer):
     ``ns_dtype`` (the authors' bfloat16 by default; float32 is ~10x faster on CPUs without bfloat16 units). Other
     tensors take AdamW (:func:`mars.reference.adamw_step`) with ``adamw_betas``, ``adamw_eps``,
     ``adamw_weight_decay`` and learning rate :math:`\eta_t \cdot` ``adamw_lr / lr``, so one schedule on
-    ``group['lr']`` drives both. State is float32 whatever the parameter dtype.
+    ``group['lr']`` drives both (the trainer instead updates ``adamw_lr_ratio`` every step so that both parts decay
+    to the same min_lr, as the authors' trainer does: ``training.schedule.apply_schedule``). State is float32
+    whatever the parameter dtype.
 
     Same-shaped matrices are orthogonalised as one batch. Under DDP, pass ``process_group`` (every rank must
     hold the same gradients): each rank then orthogonalises a share of the matrices, balanced by cost, and

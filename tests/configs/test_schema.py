@@ -77,3 +77,9 @@ def test_enum_values_are_checked():
 def test_out_of_range_values_are_rejected_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate(load(override))
+
+
+def test_muon_refuses_a_min_lr_above_its_adamw_part_lr():
+    with pytest.raises(ConfigError, match=r"train\.min_lr \(0\.005\) must not exceed optimizer\.adamw_lr"):
+        validate(load("optimizer=muon", "train.min_lr=5e-3"))
+    validate(load("optimizer=muon", "train.min_lr=3e-3"))
