@@ -3,7 +3,8 @@
     python -m scripts.small_study [--out runs/small-study] [--jobs 2] [--phases lr seeds gamma] [--dry-run]
 
 Every run trains the same model on the same number of tokens (``STEPS`` x 8 x 128) with a cosine schedule from
-its peak lr to a tenth of it. Three phases, each using the results of the one before:
+its peak lr to a tenth of it (Muon: both parts to 3e-4, a tenth of its AdamW part's lr). Three phases, each
+using the results of the one before:
 
 1. ``lr``: a short lr sweep per optimizer (AdamW, Muon, MARS-AdamW approx and exact, MARS-Lion), seed 1337;
 2. ``seeds``: the best lr of each optimizer again with seeds 1 and 2;
@@ -41,6 +42,7 @@ class Optimizer:
     name: str  # the run-name prefix
     overrides: tuple[str, ...]
     lrs: tuple[float, ...]
+    min_lr: float | None = None  # where the cosine ends; None: a tenth of the peak lr
 
 
 OPTIMIZERS = (
@@ -48,8 +50,9 @@ OPTIMIZERS = (
     Optimizer("mars-approx", ("optimizer=mars-adamw",), (3e-3, 1e-2, 3e-2)),
     Optimizer("mars-exact", ("optimizer=mars-adamw", "optimizer.is_approx=false"), (3e-3, 1e-2, 3e-2)),
     Optimizer("mars-lion", ("optimizer=mars-lion",), (1e-4, 3e-4, 1e-3)),
-    # float32 Newton-Schulz: this CPU runs bfloat16 matrix products ~10x slower (see mars.reference).
-    Optimizer("muon", ("optimizer=muon", "optimizer.ns_dtype=float32"), (1e-2, 2e-2, 4e-2)),
+    # float32 Newton-Schulz: this CPU runs bfloat16 matrix products ~10x slower (see mars.reference). Both
+    # parts (Muon, and AdamW at adamw_lr 3e-3 for the rest) decay to one min_lr, as the authors run it.
+    Optimizer("muon", ("optimizer=muon", "optimizer.ns_dtype=float32"), (1e-2, 2e-2, 4e-2), min_lr=3e-4),
 )
 
 log = logging.getLogger("small_study")
@@ -63,7 +66,8 @@ def run_name(optimizer: Optimizer, lr: float, seed: int | None = None, gamma: fl
 
 
 def overrides(optimizer: Optimizer, lr: float, seed: int | None = None, gamma: float | None = None) -> list[str]:
-    args = [*COMMON, *optimizer.overrides, f"optimizer.lr={lr:g}", f"train.min_lr={lr / 10:g}"]
+    min_lr = optimizer.min_lr if optimizer.min_lr is not None else lr / 10
+    args = [*COMMON, *optimizer.overrides, f"optimizer.lr={lr:g}", f"train.min_lr={min_lr:g}"]
     if gamma is not None:
         args.append(f"optimizer.gamma={gamma:g}")
     if seed is not None:

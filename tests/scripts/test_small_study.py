@@ -1,0 +1,43 @@
+"""scripts.small_study: every run it would launch is a valid train.py config with the budget it claims."""
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from configs.schema import register_configs, validate
+from scripts import small_study
+
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+register_configs()
+
+
+def compose_run(args):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name="config", overrides=args)
+
+
+@pytest.mark.parametrize("optimizer", small_study.OPTIMIZERS, ids=lambda o: o.name)
+def test_every_sweep_point_validates_and_trains_the_common_budget(optimizer):
+    for lr in optimizer.lrs:
+        for args in (small_study.overrides(optimizer, lr), small_study.overrides(optimizer, lr, seed=1),
+                     small_study.overrides(optimizer, lr, gamma=0.01) if optimizer.name.startswith("mars") else []):
+            if not args:
+                continue
+            cfg = compose_run(args)
+            validate(cfg)
+            t = cfg.train
+            assert (t.max_iters, t.batch_size, t.block_size, t.grad_accum_steps) == (small_study.STEPS, 8, 128, 1)
+            assert cfg.optimizer.lr == lr and t.min_lr < lr
+
+
+def test_run_names_are_unique_across_phases(tmp_path):
+    names = list(small_study.phase_jobs("lr", tmp_path))
+    names += [small_study.run_name(o, o.lrs[0], seed) for o in small_study.OPTIMIZERS for seed in small_study.SEEDS]
+    mars = small_study.OPTIMIZERS[1]
+    names += [small_study.run_name(mars, mars.lrs[0], gamma=g) for g in small_study.GAMMAS]
+    assert len(names) == len(set(names))
+
+
+def test_a_later_phase_before_the_lr_sweep_says_to_run_it_first(tmp_path):
+    with pytest.raises(RuntimeError, match="run it first"):
+        small_study.phase_jobs("seeds", tmp_path)
