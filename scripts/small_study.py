@@ -6,7 +6,8 @@ Every run trains the same model on the same number of tokens (``STEPS`` x 8 x 12
 its peak lr to a tenth of it (Muon: both parts to 3e-4, a tenth of its AdamW part's lr). Three phases, each
 using the results of the one before:
 
-1. ``lr``: a short lr sweep per optimizer (AdamW, Muon, MARS-AdamW approx and exact, MARS-Lion), seed 1337;
+1. ``lr``: a short lr sweep per optimizer (AdamW, Muon, MARS-AdamW approx and exact, MARS-Lion), seed 1337,
+   extended by a factor 3 (up to twice) past whichever end of the sweep holds the best lr;
 2. ``seeds``: the best lr of each optimizer again with seeds 1 and 2;
 3. ``gamma``: MARS-AdamW approx at its best lr with other gammas.
 
@@ -19,6 +20,7 @@ import argparse
 import concurrent.futures
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -32,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS = 200
 SEEDS = (1, 2)  # the extra seeds of phase 2; phase 1 uses train.seed's default, 1337
 GAMMAS = (0.005, 0.01, 0.05)  # phase 3, beside the paper's 0.025 of phase 1
+MAX_EXTENSIONS = 2  # extra lrs per optimizer when the best one lies at the edge of its sweep
 COMMON = ("model=tiny", "data=embedded", f"train.max_iters={STEPS}", "train.warmup_iters=20",
           "train.eval_interval=50", "train.eval_iters=16", "train.log_interval=25",
           "train.checkpoint_interval=100", "train.keep_checkpoints=1")
@@ -107,16 +110,38 @@ def run_all(jobs: dict[str, list[str]], out: Path, parallel: int, dry_run: bool)
             future.result()
 
 
-def best_lr(optimizer: Optimizer, out: Path) -> float:
-    """The phase-1 lr with the lowest best validation loss."""
+def sweep_losses(optimizer: Optimizer, out: Path) -> dict[float, float]:
+    """Best validation loss per lr of the optimizer's finished lr-sweep runs (seed 1337, default gamma)."""
+    pattern = re.compile(rf"{re.escape(optimizer.name)}_lr([0-9.e+-]+)")
     losses = {}
-    for lr in optimizer.lrs:
-        run_dir = out / run_name(optimizer, lr)
-        run = load_run(run_dir) if run_dir.is_dir() else None
-        if run is None or run.best_val_loss is None:
-            raise RuntimeError(f"phase lr has not finished {run_dir}: run it first (--phases lr)")
-        losses[lr] = run.best_val_loss
+    for run_dir in out.glob(f"{optimizer.name}_lr*"):
+        match = pattern.fullmatch(run_dir.name)
+        run = load_run(run_dir) if match and finished(run_dir) else None
+        if run is not None:
+            losses[float(match.group(1))] = run.best_val_loss
+    missing = [lr for lr in optimizer.lrs if lr not in losses]
+    if missing:
+        raise RuntimeError(f"the lr sweep of {optimizer.name} has not finished lr {missing}: run it first "
+                           "(--phases lr)")
+    return losses
+
+
+def best_lr(optimizer: Optimizer, out: Path) -> float:
+    losses = sweep_losses(optimizer, out)
     return min(losses, key=losses.get)
+
+
+def extension_jobs(out: Path) -> dict[str, list[str]]:
+    """One more lr, a factor 3 further out, for each optimizer whose best lr lies at the edge of its sweep."""
+    jobs = {}
+    for o in OPTIMIZERS:
+        losses = sweep_losses(o, out)
+        best = min(losses, key=losses.get)
+        if len(losses) - len(o.lrs) >= MAX_EXTENSIONS or min(losses) < best < max(losses):
+            continue
+        lr = float(f"{best / 3:.0e}") if best == min(losses) else float(f"{best * 3:.0e}")
+        jobs[run_name(o, lr)] = overrides(o, lr)
+    return jobs
 
 
 def phase_jobs(phase: str, out: Path) -> dict[str, list[str]]:
@@ -143,8 +168,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the train.py commands instead")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    out = args.out.resolve()
     for phase in args.phases:
-        run_all(phase_jobs(phase, args.out), args.out.resolve(), args.jobs, args.dry_run)
+        run_all(phase_jobs(phase, out), out, args.jobs, args.dry_run)
+        # A best lr at the edge of the sweep may not be the best: look further out, up to MAX_EXTENSIONS times.
+        while phase == "lr" and not args.dry_run and (jobs := extension_jobs(out)):
+            run_all(jobs, out, args.jobs, dry_run=False)
 
 
 if __name__ == "__main__":

@@ -41,3 +41,22 @@ def test_run_names_are_unique_across_phases(tmp_path):
 def test_a_later_phase_before_the_lr_sweep_says_to_run_it_first(tmp_path):
     with pytest.raises(RuntimeError, match="run it first"):
         small_study.phase_jobs("seeds", tmp_path)
+
+
+def finished_run(make_run, out, optimizer, lr, best_val_loss):
+    """A finished lr-sweep run in train.py's format: evaluated at step 0 and at the study's last step."""
+    make_run(out / small_study.run_name(optimizer, lr), small_study.overrides(optimizer, lr),
+              [10.8, best_val_loss], tokens_per_step=8 * 128)
+
+
+def test_the_sweep_extends_past_the_edge_that_holds_the_best_lr(tmp_path, make_run):
+    adamw = small_study.OPTIMIZERS[0]
+    for o in small_study.OPTIMIZERS:
+        for lr, loss in zip(o.lrs, (6.0, 6.5, 7.0) if o is adamw else (6.5, 6.0, 6.5)):
+            finished_run(make_run, tmp_path, o, lr, loss)
+    assert list(small_study.extension_jobs(tmp_path)) == ["adamw_lr0.0003"]
+    finished_run(make_run, tmp_path, adamw, 3e-4, 5.9)  # better still: one more step down
+    assert list(small_study.extension_jobs(tmp_path)) == ["adamw_lr0.0001"]
+    finished_run(make_run, tmp_path, adamw, 1e-4, 5.8)  # and the limit of two extensions is reached
+    assert small_study.extension_jobs(tmp_path) == {}
+    assert small_study.best_lr(adamw, tmp_path) == 1e-4
