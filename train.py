@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from configs.schema import grad_accum_steps_for, register_configs, validate
 from data.loader import TokenBatches, build_batches
+from evaluation.hellaswag import correct_counts, training_items
 from model import GPT, GPTConfig
 from training.checkpoint import latest_checkpoint, save_checkpoint
 from training.distributed import (DistributedContext, all_gather_objects, barrier, init_distributed,
@@ -116,6 +117,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
     train_batches = build_batches(cfg.data, "train", **batch_args)
     # Validation windows do not depend on train.seed, so seeds of one setting are scored on the same text.
     val_batches = build_batches(cfg.data, "val", **{**batch_args, "seed": VAL_SEED})
+    hellaswag_items = training_items(t.hellaswag_file, t.hellaswag_items) if t.hellaswag_interval else []
 
     seed_everything(t.seed)  # the same initial weights on every rank
     model_config = GPTConfig(**OmegaConf.to_container(cfg.model))
@@ -159,6 +161,14 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
     def evaluate(step: int) -> None:
         val_loss = estimate_val_loss(train_model, val_batches, t.eval_iters, autocast, ctx)
         metrics.log({"step": step, "tokens": tokens_seen, "val/loss": val_loss})
+
+    def evaluate_hellaswag(step: int) -> None:
+        # Each rank scores every world_size-th item; the counts add up to the whole set's.
+        counts = correct_counts(model, hellaswag_items[ctx.rank :: ctx.world_size], device, autocast,
+                                max_length=model_config.block_size)
+        correct, correct_norm = (sum_across_ranks(count, ctx) for count in counts)
+        metrics.log({"step": step, "tokens": tokens_seen, "hellaswag/acc": correct / len(hellaswag_items),
+                     "hellaswag/acc_norm": correct_norm / len(hellaswag_items)})
 
     def checkpoint(step: int) -> Path:
         rng_states = all_gather_objects(rng_state(), ctx)
@@ -225,6 +235,8 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
             window_seconds, window_steps = 0.0, 0
         if done % t.eval_interval == 0 or done == t.max_iters:
             evaluate(done)
+        if hellaswag_items and (done % t.hellaswag_interval == 0 or done == t.max_iters):
+            evaluate_hellaswag(done)
         preempted = preemption.received(ctx)
         if done % t.checkpoint_interval == 0 or done == t.max_iters or preempted:
             checkpoint_path = checkpoint(done)

@@ -135,6 +135,9 @@ class TrainConfig:
     checkpoint_interval: int = 250
     keep_checkpoints: int = 2
     resume: bool = False
+    hellaswag_interval: int = 0  # steps between HellaSwag evaluations (and one at the end); 0: none
+    hellaswag_file: Optional[str] = None  # null: the data cache's copy (python -m evaluation.hellaswag --download)
+    hellaswag_items: Optional[int] = None  # evaluate the first N items only; null: all 10,042
     max_skipped_steps: int = 0  # steps with a NaN/inf loss or gradient to skip before stopping; 0 stops at once
     zero1: bool = False  # shard the optimizer state across DDP ranks (ZeRO stage 1)
 
@@ -214,6 +217,9 @@ def validate(cfg) -> None:
              f"the lr decay must end after warmup: train.decay_iters ({decay_iters}) <= train.warmup_iters "
              f"({t.warmup_iters}); lower train.warmup_iters or raise train.decay_iters")
     _require(0.0 < t.decay_fraction <= 1.0, f"train.decay_fraction must be in (0, 1], got {t.decay_fraction}")
+    _require(t.hellaswag_interval >= 0, f"train.hellaswag_interval must be >= 0 (0: none), got {t.hellaswag_interval}")
+    _require(t.hellaswag_items is None or t.hellaswag_items > 0,
+             f"train.hellaswag_items must be positive or null (all), got {t.hellaswag_items}")
     _require(t.max_skipped_steps >= 0, f"train.max_skipped_steps must be >= 0, got {t.max_skipped_steps}")
     _require(t.grad_clip >= 0.0, f"train.grad_clip must be >= 0 (0 disables it), got {t.grad_clip}")
     _require(o.lr > 0.0, f"optimizer.lr must be positive, got {o.lr}")

@@ -139,11 +139,11 @@ def score_items(model, items: list[Item], device, autocast=contextlib.nullcontex
     return torch.cat(sums), torch.cat(means)
 
 
-def evaluate_hellaswag(model, items: list[Item], device, autocast=contextlib.nullcontext(), batch_size: int = 16,
-                       max_length: int | None = None) -> dict:
-    """``{"acc", "acc_norm", "items"}``: accuracy by summed and by per-token log-likelihood of the endings."""
+def correct_counts(model, items: list[Item], device, autocast=contextlib.nullcontext(), batch_size: int = 16,
+                   max_length: int | None = None) -> tuple[int, int]:
+    """How many ``items`` the summed and the per-token log-likelihood get right: counts, so ranks can add theirs."""
     if not items:
-        raise ValueError("no HellaSwag items to evaluate")
+        return 0, 0
     was_training = model.training
     model.eval()
     try:
@@ -151,9 +151,26 @@ def evaluate_hellaswag(model, items: list[Item], device, autocast=contextlib.nul
     finally:
         model.train(was_training)
     labels = torch.tensor([item.label for item in items])
-    return {"acc": (sums.argmax(dim=1) == labels).float().mean().item(),
-            "acc_norm": (means.argmax(dim=1) == labels).float().mean().item(),
-            "items": len(items)}
+    return int((sums.argmax(dim=1) == labels).sum()), int((means.argmax(dim=1) == labels).sum())
+
+
+def evaluate_hellaswag(model, items: list[Item], device, autocast=contextlib.nullcontext(), batch_size: int = 16,
+                       max_length: int | None = None) -> dict:
+    """``{"acc", "acc_norm", "items"}``: accuracy by summed and by per-token log-likelihood of the endings."""
+    if not items:
+        raise ValueError("no HellaSwag items to evaluate")
+    correct, correct_norm = correct_counts(model, items, device, autocast, batch_size, max_length)
+    return {"acc": correct / len(items), "acc_norm": correct_norm / len(items), "items": len(items)}
+
+
+def training_items(path: str | None, limit: int | None) -> list[Item]:
+    """The items train.py evaluates periodically (``train.hellaswag_file``, ``train.hellaswag_items``)."""
+    path = Path(path).expanduser() if path else default_val_path()
+    if not path.is_file():
+        raise FileNotFoundError(f"train.hellaswag_interval is set but {path} does not exist: fetch it with "
+                                "`python -m evaluation.hellaswag --download --checkpoint ...` or by hand (from "
+                                f"{VAL_URL}), or point train.hellaswag_file at a copy")
+    return load_items(path, limit)
 
 
 def load_model(checkpoint: Path, device: torch.device):

@@ -82,7 +82,8 @@ class Muon(torch.optim.Optimizer):
             raise ValueError(f"ns_steps must be an int >= 1, got {group['ns_steps']!r}")
         check_betas("adamw_betas", group["adamw_betas"])
         if group["ns_dtype"] not in (torch.bfloat16, torch.float32, torch.float64):
-            raise ValueError(f"ns_dtype must be torch.bfloat16, torch.float32 or torch.float64, got {group['ns_dtype']!r}")
+            raise ValueError(
+                f"ns_dtype must be torch.bfloat16, torch.float32 or torch.float64, got {group['ns_dtype']!r}")
 
     @torch.no_grad()
     def step(self, closure=None):

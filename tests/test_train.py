@@ -88,6 +88,19 @@ def test_skipped_non_finite_steps_are_counted_in_the_log_before_the_run_stops(tm
     assert [r["skipped_steps"] for r in metrics(tmp_path) if "skipped_steps" in r] == [1, 2]
 
 
+def test_hellaswag_is_scored_periodically_when_asked(tmp_path):
+    items = REPO / "tests" / "evaluation" / "hellaswag_sample.jsonl"
+    run_train(tmp_path, *SMALL, "train.max_iters=3", "train.eval_interval=3", "train.hellaswag_interval=2",
+              f"train.hellaswag_file={items}")
+    scores = [r for r in metrics(tmp_path) if "hellaswag/acc_norm" in r]
+    assert [r["step"] for r in scores] == [2, 3]  # every 2 steps, and at the end
+    for r in scores:  # three items: a fraction in thirds
+        assert {round(3 * r["hellaswag/acc"], 6), round(3 * r["hellaswag/acc_norm"], 6)} <= {0, 1, 2, 3}
+    missing = run_train(tmp_path / "missing", *SMALL, "train.hellaswag_interval=2",
+                        f"train.hellaswag_file={tmp_path / 'nowhere.jsonl'}", check=False)
+    assert missing.returncode != 0 and "--download" in missing.stderr and "Traceback" not in missing.stderr
+
+
 def test_bad_value_stops_at_start_with_one_message(tmp_path):
     result = run_train(tmp_path, "train.batch_size=0", check=False)
     assert result.returncode != 0
