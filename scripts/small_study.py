@@ -9,7 +9,7 @@ using the results of the one before:
 1. ``lr``: a short lr sweep per optimizer (AdamW, Muon, MARS-AdamW approx and exact, MARS-Lion), seed 1337,
    extended by a factor 3 (up to twice) past whichever end of the sweep holds the best lr;
 2. ``seeds``: the best lr of each optimizer again with seeds 1 and 2;
-3. ``gamma``: MARS-AdamW approx at its best lr with other gammas.
+3. ``gamma``: MARS-AdamW approx at its best lr with other gammas, 0 included (MARS without its correction).
 
 Runs land in ``<out>/<name>/`` (a train.py run directory); a finished run is not run again, so an interrupted
 study resumes where it stopped. Each run uses one thread, ``--jobs`` of them at a time. Then
@@ -33,7 +33,7 @@ from training.metrics import read_metrics
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 200
 SEEDS = (1, 2)  # the extra seeds of phase 2; phase 1 uses train.seed's default, 1337
-GAMMAS = (0.005, 0.01, 0.05)  # phase 3, beside the paper's 0.025 of phase 1
+GAMMAS = (0.005, 0.01, 0.05, 0.0)  # phase 3, beside the paper's 0.025 of phase 1; 0: no variance reduction
 MAX_EXTENSIONS = 2  # extra lrs per optimizer when the best one lies at the edge of its sweep
 COMMON = ("model=tiny", "data=embedded", f"train.max_iters={STEPS}", "train.warmup_iters=20",
           "train.eval_interval=50", "train.eval_iters=16", "train.log_interval=25",
