@@ -1,0 +1,126 @@
+"""Best validation loss against the learning rate and against MARS's gamma: what a sweep found, as figures.
+
+    python -m scripts.plot_sweep 'multirun/2026-11-*' [--out results/sweeps]
+
+For each corpus, model size and token budget, writes ``lr_sweep_<corpus>_<model>_<tokens>.png`` (log-scale lr)
+and, where gamma was swept, ``gamma_sweep_<corpus>_<model>_<tokens>.png``. A line joins the settings that differ
+only in the swept value (and, for lr, in train.min_lr), so an AdamW sweep and a MARS sweep at each gamma are
+separate lines; a point is the mean over seeds of each run's best validation loss, its bar spans the seeds'
+lowest and highest.
+"""
+import argparse
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+from scripts.runs import (Run, Setting, display_corpus, display_model, display_optimizer,  # noqa: E402
+                          group_settings, load_runs, optimizer_order, tokens_label)
+
+log = logging.getLogger(__name__)
+SWEPT = {"lr": "learning rate", "gamma": "gamma (MARS)"}
+
+
+@dataclass
+class SweepLine:
+    label: str
+    x: list[float] = field(default_factory=list)
+    mean: list[float] = field(default_factory=list)
+    low: list[float] = field(default_factory=list)
+    high: list[float] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+
+
+def without(setting: str, key: str) -> str:
+    """The setting's identity with ``optimizer.<key>`` left out: settings along one sweep line share it.
+
+    An lr sweep often moves ``train.min_lr`` with the lr (a tenth of it, say): that is left out too.
+    """
+    fields = json.loads(setting)
+    fields["optimizer"].pop(key, None)
+    if key == "lr":
+        fields["train"].pop("min_lr", None)
+    return json.dumps(fields, sort_keys=True)
+
+
+def sweep_lines(runs: list[Run], parameter: str) -> dict[tuple[str, str, float], list[SweepLine]]:
+    """Lines of at least two values of ``parameter`` (lr or gamma), per (corpus, model, budget)."""
+    panels: dict[tuple[str, str, float], list[SweepLine]] = {}
+    for (corpus, model, budget, optimizer), settings in sorted(
+            group_settings(runs).items(), key=lambda item: optimizer_order(item[0][3])):
+        lines: dict[str, list[Setting]] = {}
+        for setting in settings:
+            if getattr(setting.first, parameter) is not None and setting.best_val_losses:
+                lines.setdefault(without(setting.first.setting, parameter), []).append(setting)
+        other = "gamma" if parameter == "lr" else "lr"
+        for members in lines.values():
+            if len(members) < 2:
+                continue
+            members.sort(key=lambda s: getattr(s.first, parameter))
+            fixed = getattr(members[0].first, other)
+            several = sum(len(m) >= 2 for m in lines.values()) > 1
+            label = display_optimizer(optimizer) + (f", {other} {fixed:g}" if several and fixed is not None else "")
+            line = SweepLine(label)
+            for setting in members:
+                losses = setting.best_val_losses
+                line.x.append(getattr(setting.first, parameter))
+                line.mean.append(setting.mean_best_val_loss)
+                line.low.append(min(losses))
+                line.high.append(max(losses))
+                line.seeds.append(len(losses))
+            panels.setdefault((corpus, model, budget), []).append(line)
+    return panels
+
+
+def plot_panel(lines: list[SweepLine], parameter: str, title: str, path: Path) -> None:
+    figure, axes = plt.subplots(figsize=(6, 4.5))
+    for line in lines:
+        errors = [[m - lo for m, lo in zip(line.mean, line.low)], [hi - m for m, hi in zip(line.mean, line.high)]]
+        axes.errorbar(line.x, line.mean, yerr=errors, marker="o", capsize=3, label=line.label)
+    if parameter == "lr":
+        axes.set_xscale("log")
+    axes.set_xlabel(SWEPT[parameter])
+    axes.set_ylabel("best validation loss (mean over seeds; bars: min-max)")
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=150)
+    plt.close(figure)
+
+
+def plot_sweeps(runs: list[Run], out: Path) -> list[Path]:
+    written = []
+    for parameter in SWEPT:
+        for (corpus, model, budget), lines in sorted(sweep_lines(runs, parameter).items()):
+            out.mkdir(parents=True, exist_ok=True)
+            path = out / f"{parameter}_sweep_{corpus}_{model}_{tokens_label(budget)}.png"
+            title = f"{display_model(model)}, {display_corpus(corpus)}, {tokens_label(budget)} tokens"
+            plot_panel(lines, parameter, title, path)
+            written.append(path)
+    if not written:
+        raise ValueError("no setting was run at two or more values of lr or gamma: nothing to plot")
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    parser = argparse.ArgumentParser(prog="python -m scripts.plot_sweep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="run directories or glob patterns (quote them)")
+    parser.add_argument("--out", type=Path, default=Path("results/sweeps"), help="directory for the PNG files")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        for path in plot_sweeps(load_runs(args.runs), args.out):
+            print(path)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Best validation loss against lr and gamma: one line per setting that differs only in the swept value."""
+import pytest
+
+from scripts.plot_sweep import main, sweep_lines
+from scripts.runs import load_runs
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+TINY = ["model=tiny", "data=embedded", "train.max_iters=100"]
+
+
+@pytest.fixture
+def sweep(tmp_path, make_run):
+    runs = tmp_path / "runs"
+    for lr, loss in ((1e-3, 6.3), (3e-3, 6.1), (1e-2, 6.4)):
+        make_run(runs / f"adamw-{lr}", [*TINY, "optimizer=adamw", f"optimizer.lr={lr}", f"train.min_lr={lr / 10}"],
+                 [10.8, loss], 1024)
+    make_run(runs / "adamw-3e-3-seed2", [*TINY, "optimizer=adamw", "optimizer.lr=3e-3", f"train.min_lr={3e-3 / 10}",
+                                         "train.seed=2"], [10.8, 6.3], 1024)
+    for lr, loss in ((3e-3, 6.2), (1e-2, 6.0)):
+        make_run(runs / f"mars-{lr}", [*TINY, "optimizer=mars-adamw", f"optimizer.lr={lr}"], [10.8, loss], 1024)
+    for gamma, loss in ((0.0, 6.05), (0.05, 6.1)):
+        make_run(runs / f"mars-gamma{gamma}", [*TINY, "optimizer=mars-adamw", "optimizer.lr=1e-2",
+                                               f"optimizer.gamma={gamma}"], [10.8, loss], 1024)
+    return runs
+
+
+def test_lr_lines_pool_seeds_and_keep_other_settings_apart(sweep):
+    [lines] = sweep_lines(load_runs([str(sweep)]), "lr").values()
+    adamw, mars = lines
+    assert (adamw.label, adamw.x, adamw.seeds) == ("AdamW", [1e-3, 3e-3, 1e-2], [1, 2, 1])
+    assert adamw.mean[1] == pytest.approx(6.2) and (adamw.low[1], adamw.high[1]) == (6.1, 6.3)
+    assert (mars.label, mars.x, mars.mean) == ("MARS-approx", [3e-3, 1e-2], [6.2, 6.0])  # gamma 0.025 only
+
+
+def test_gamma_line_runs_through_the_lr_it_was_swept_at(sweep):
+    [[line]] = sweep_lines(load_runs([str(sweep)]), "gamma").values()
+    assert (line.x, line.mean) == ([0.0, 0.025, 0.05], [6.05, 6.0, 6.1])
+
+
+def test_writes_an_lr_and_a_gamma_figure(sweep, tmp_path, capsys):
+    main([str(sweep), "--out", str(tmp_path / "figures")])
+    written = sorted(p.name for p in (tmp_path / "figures").iterdir())
+    assert written == ["gamma_sweep_embedded_4x128_102K.png", "lr_sweep_embedded_4x128_102K.png"]
+    assert all((tmp_path / "figures" / name).read_bytes().startswith(PNG_SIGNATURE) for name in written)
+
+
+def test_nothing_swept_is_an_error(tmp_path, make_run):
+    make_run(tmp_path / "one", [*TINY, "optimizer=adamw"], [10.8, 6.3], 1024)
+    with pytest.raises(SystemExit, match="nothing to plot"):
+        main([str(tmp_path / "one"), "--out", str(tmp_path / "figures")])
