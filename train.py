@@ -224,7 +224,9 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
             record = {"step": done, "tokens": tokens_seen, "lr": lr,
                       "train/loss": sum_across_ranks(train_loss, ctx) / ctx.world_size,
                       "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
-                      "step_ms": 1000 * window_seconds / window_steps}
+                      "step_ms": 1000 * window_seconds / window_steps,
+                      # At the recent step time; evaluations and checkpoints come on top.
+                      "eta_s": (t.max_iters - done) * window_seconds / window_steps}
             if guard.skipped_steps:
                 record["skipped_steps"] = guard.skipped_steps
             if flops_peak:

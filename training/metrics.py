@@ -32,7 +32,18 @@ def format_record(record: dict) -> str:
                      ("peak_memory_gb", ".2f"), ("skipped_steps", "d"), ("hellaswag/acc_norm", ".3f")):
         if record.get(key) is not None:
             parts.append(f"{key} {record[key]:{fmt}}")
+    if record.get("eta_s") is not None:
+        parts.append(f"eta {format_duration(record['eta_s'])}")
     return " | ".join(parts)
+
+
+def format_duration(seconds: float) -> str:
+    """1h02m03s, 4m05s or 6s."""
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 class MetricsLogger:
