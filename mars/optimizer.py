@@ -208,6 +208,7 @@ class MARS(torch.optim.Optimizer):
         self.is_approx = is_approx
         self.backend = backend
         self._lookahead_stashed = False
+        self._stashed_states: list[dict] = []  # states whose previous_grad was stashed since the last step
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -237,6 +238,7 @@ class MARS(torch.optim.Optimizer):
         """
         if self.is_approx:
             return
+        self._stashed_states = []
         for group in self.param_groups:
             for param in group["params"]:
                 if param.grad is None or not reference.uses_mars_rule(param, group["optimize_1d"]):
@@ -245,20 +247,25 @@ class MARS(torch.optim.Optimizer):
                 if "previous_grad" not in state:
                     state["previous_grad"] = float32_zeros_like(param)
                 state["previous_grad"].copy_(param.grad)
+                self._stashed_states.append(state)
         self._lookahead_stashed = True
 
     update_previous_grad = stash_lookahead_grad
 
     @torch.no_grad()
     def update_last_grad(self) -> None:
-        """Exact scheme: make the stash the remembered gradient. ``step()`` already does it; repeating is harmless."""
-        if self.is_approx:
-            return
-        for state in self.state.values():
-            if "previous_grad" in state:
-                if "last_grad" not in state:
-                    state["last_grad"] = float32_zeros_like(state["previous_grad"])
-                state["last_grad"].copy_(state["previous_grad"])
+        """Exact scheme: make the stash the remembered gradient. ``step()`` already does it; again, it does nothing.
+
+        The stashed buffers are swapped in rather than copied: the same values, one read and one write of every
+        tensor fewer. The buffer swapped out holds a stale gradient until the next stash overwrites it; only
+        tensors stashed since the last promotion take part.
+        """
+        for state in self._stashed_states:
+            if "last_grad" in state:
+                state["last_grad"], state["previous_grad"] = state["previous_grad"], state["last_grad"]
+            else:
+                state["last_grad"] = state["previous_grad"].clone()
+        self._stashed_states = []
 
     @torch.no_grad()
     def step(self, closure=None):

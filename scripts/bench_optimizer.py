@@ -51,6 +51,8 @@ def candidates(params: list[torch.nn.Parameter], device: torch.device) -> dict[s
     optimizers = {}
     for backend in available_backends(device):
         optimizers[f"MARS-AdamW ({backend})"] = MARS(params, lr=3e-3, weight_decay=0.1, backend=backend)
+    optimizers["MARS-AdamW exact (torch)"] = MARS(params, lr=3e-3, weight_decay=0.1, is_approx=False,
+                                                  backend="torch")
     optimizers["MARS-Lion (torch)"] = MARS(params, lr=3e-4, mars_type="mars-lion", backend="torch")
     optimizers[BASELINE] = torch.optim.AdamW(params, lr=6e-4, weight_decay=0.1, foreach=True)
     optimizers["AdamW (fused)"] = torch.optim.AdamW(params, lr=6e-4, weight_decay=0.1, fused=True)
@@ -84,6 +86,13 @@ def device_name(device: torch.device) -> str:
     return f"{model or platform.processor()} ({torch.get_num_threads()} threads)"
 
 
+def step_of(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
+    """One step as a trainer takes it; the exact MARS scheme stashes its look-ahead gradient first."""
+    if getattr(optimizer, "needs_lookahead_grad", False):
+        return lambda: (optimizer.stash_lookahead_grad(), optimizer.step())
+    return optimizer.step
+
+
 def run(device: torch.device, model_size: str, reps: int, warmup: int) -> dict[str, list[float]]:
     """Milliseconds of each timed step, per optimizer label, interleaved across optimizers."""
     torch.manual_seed(0)
@@ -91,11 +100,11 @@ def run(device: torch.device, model_size: str, reps: int, warmup: int) -> dict[s
     timer = make_timer(device)
     for _ in range(warmup):
         for optimizer in optimizers.values():
-            timer(optimizer.step)
+            timer(step_of(optimizer))
     times = {label: [] for label in optimizers}
     for _ in range(reps):
         for label, optimizer in optimizers.items():
-            times[label].append(timer(optimizer.step))
+            times[label].append(timer(step_of(optimizer)))
     return times
 
 
