@@ -21,7 +21,7 @@ from data.loader import TokenBatches, build_batches
 from evaluation.hellaswag import correct_counts, training_items
 from model import GPT, GPTConfig
 from training.checkpoint import latest_checkpoint, save_checkpoint
-from training.distributed import (DistributedContext, all_gather_objects, barrier, init_distributed,
+from training.distributed import (DistributedContext, all_gather_objects, any_rank, barrier, init_distributed,
                                   shutdown_distributed, sum_across_ranks, wrap_data_parallel)
 from training.divergence import DivergenceGuard, TrainingDiverged
 from training.metrics import MetricsLogger
@@ -204,7 +204,10 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
         train_loss = accumulate_gradients(train_model, train_batches, step, t.grad_accum_steps, autocast)
         grad_norm = clip_gradients(model, t.grad_clip)
         # Checked every step (one host sync) so that a divergence names the exact step it happened at. The
-        # gradient norm is the same on every rank (all-reduced gradients), so all ranks decide alike.
+        # gradient norm is the same on every rank (all-reduced gradients), and a non-finite loss on one rank
+        # counts on all of them: every rank must decide alike.
+        if any_rank(not math.isfinite(train_loss), ctx):
+            train_loss = math.nan
         if guard.allows_update(step + 1, train_loss, grad_norm, checkpoint_path, lookahead_norm):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
