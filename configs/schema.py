@@ -83,6 +83,7 @@ class MarsConfig(OptimizerConfig):
     betas_1d: tuple[float, float] = (0.9, 0.95)
     weight_decay_1d: float = 0.1
     backend: str = "auto"  # auto (Triton on CUDA, foreach PyTorch on CPU), reference, torch or triton
+    ns_dtype: str = "bfloat16"  # mars-shampoo's Newton-Schulz: the official bfloat16, or float32 (faster on CPUs)
 
 
 @dataclass

@@ -13,9 +13,11 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from mars import reference
+from mars.newton_schulz import orthogonalise
 
 BACKENDS = ("auto", "reference", "torch", "triton")
 
@@ -65,6 +67,13 @@ def float32_zeros_like(param: Tensor) -> Tensor:
     return torch.zeros_like(param, dtype=torch.float32, memory_format=torch.contiguous_format)
 
 
+def fill_new_defaults(optimizer: torch.optim.Optimizer) -> None:
+    """Give param groups loaded from an older state_dict the hyperparameters added since (at their defaults)."""
+    for group in optimizer.param_groups:
+        for key, value in optimizer.defaults.items():
+            group.setdefault(key, value)
+
+
 def restore_float32_state(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
     """Undo ``Optimizer.load_state_dict``'s cast of floating state to the parameter dtype.
 
@@ -106,8 +115,7 @@ def _reference_adamw_group_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_av
         )
 
 
-# Also the path for mars-shampoo's 2-D tensors in every backend: Newton-Schulz is a chain of matmuls per
-# tensor, so there is nothing to fuse across tensors.
+# Also the path for mars-shampoo's 2-D tensors with backend="reference" (one tensor at a time, as the official code).
 REFERENCE_BACKEND = SimpleNamespace(
     mars_group_step=_reference_mars_group_step, adamw_group_step=_reference_adamw_group_step
 )
@@ -173,7 +181,12 @@ class MARS(torch.optim.Optimizer):
         backend: ``"reference"`` (per-tensor loop of :mod:`mars.reference`), ``"torch"`` (foreach ops),
             ``"triton"`` (fused kernels; CUDA, or CPU under ``TRITON_INTERPRET=1``) or ``"auto"``
             (triton for CUDA tensors when it is installed, torch otherwise). mars-shampoo's 2-D tensors
-            always take the reference path (Newton-Schulz by torch matmuls).
+            take Newton-Schulz by torch matmuls: one tensor at a time with ``"reference"``, else same-shaped
+            tensors batched (:func:`mars.newton_schulz.orthogonalise`).
+        process_group: under DDP (every rank holding the same gradients), mars-shampoo shares its
+            Newton-Schulz work out across this group's ranks; the other rules are unaffected.
+        ns_dtype: mars-shampoo's Newton-Schulz dtype: the official bfloat16, or float32 (~10x faster on CPUs
+            without bfloat16 matrix units, and deterministic enough to compare batched with one-by-one).
     """
 
     def __init__(
@@ -192,6 +205,8 @@ class MARS(torch.optim.Optimizer):
         betas_1d: tuple[float, float] = (0.9, 0.95),
         weight_decay_1d: float = 0.1,
         backend: str = "auto",
+        process_group: dist.ProcessGroup | None = None,
+        ns_dtype: torch.dtype = torch.bfloat16,
     ):
         if not lr > 0.0:
             raise ValueError(f"lr must be > 0 (lr_1d is applied as the ratio lr_1d / lr), got {lr!r}")
@@ -203,10 +218,11 @@ class MARS(torch.optim.Optimizer):
         defaults = dict(
             lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, gamma=gamma,
             mars_type=mars_type, optimize_1d=optimize_1d, lr_1d_ratio=lr_1d / lr, betas_1d=betas_1d,
-            weight_decay_1d=weight_decay_1d,
+            weight_decay_1d=weight_decay_1d, ns_dtype=ns_dtype,
         )
         self.is_approx = is_approx
         self.backend = backend
+        self.process_group = process_group  # not in defaults: param_groups are saved by state_dict()
         self._lookahead_stashed = False
         self._stashed_states: list[dict] = []  # states whose previous_grad was stashed since the last step
         super().__init__(params, defaults)
@@ -222,6 +238,9 @@ class MARS(torch.optim.Optimizer):
         )
         check_betas("betas", group["betas"])
         check_betas("betas_1d", group["betas_1d"])
+        if group["ns_dtype"] not in (torch.bfloat16, torch.float32, torch.float64):
+            raise ValueError(
+                f"ns_dtype must be torch.bfloat16, torch.float32 or torch.float64, got {group['ns_dtype']!r}")
         if group["mars_type"] not in reference.MARS_TYPES:
             raise ValueError(f"mars_type must be one of {reference.MARS_TYPES}, got {group['mars_type']!r}")
 
@@ -310,10 +329,13 @@ class MARS(torch.optim.Optimizer):
             lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
             gamma=group["gamma"], amsgrad=amsgrad, remember_grad=self.is_approx,
         )
+        ns_dtype = group["ns_dtype"]
         for device, params in _by_device(backend_mars):
             self._run_mars(self._backend_for(device), params, mars_type=backend_mars_type, **mars_hyper)
-        if shampoo_2d:
-            self._run_mars(REFERENCE_BACKEND, shampoo_2d, mars_type="mars-shampoo", **mars_hyper)
+        if shampoo_2d and self.backend == "reference" and self.process_group is None:
+            self._run_mars(REFERENCE_BACKEND, shampoo_2d, mars_type="mars-shampoo", ns_dtype=ns_dtype, **mars_hyper)
+        elif shampoo_2d:
+            self._run_shampoo_2d(shampoo_2d, ns_dtype=ns_dtype, **mars_hyper)
 
         beta1_1d, beta2_1d = group["betas_1d"]
         for device, params in _by_device(adamw):
@@ -334,6 +356,24 @@ class MARS(torch.optim.Optimizer):
             steps=self._advance_steps(params), mars_type=mars_type, amsgrad=amsgrad and has_second_moment,
             **hyper,
         )
+
+    def _run_shampoo_2d(self, params: list[Tensor], *, lr: float, beta1: float, eps: float, weight_decay: float,
+                        gamma: float, remember_grad: bool, ns_dtype: torch.dtype, **_) -> None:
+        """mars-shampoo on 2-D tensors, as :func:`mars.reference.mars_step`, Newton-Schulz on them all at once."""
+        last_grads, exp_avgs = self._buffers(params, "last_grad"), self._buffers(params, "exp_avg")
+        self._advance_steps(params)
+        directions = []
+        for param, last_grad, exp_avg in zip(params, last_grads, exp_avgs):
+            c_t = reference.corrected_gradient(param.grad, last_grad, gamma, beta1)
+            exp_avg.mul_(beta1).add_(c_t, alpha=1.0 - beta1)
+            directions.append(exp_avg.mul(1.0 / (1.0 - beta1)))
+            if remember_grad:
+                last_grad.copy_(param.grad)
+        # The official code passes the optimizer's eps to Newton-Schulz as its normalisation guard.
+        updates = orthogonalise(directions, dtype=ns_dtype, process_group=self.process_group, eps=eps)
+        for param, update in zip(params, updates):
+            scale = max(1.0, param.size(0) / param.size(1)) ** 0.5
+            reference.apply_update(param, update.mul_(scale), lr, weight_decay)
 
     def _buffers(self, params: list[Tensor], key: str, needed: bool = True) -> list[Tensor] | None:
         """Each parameter's float32 state buffer ``key`` (zeros when new), or None when the rule has no use for it."""
@@ -370,6 +410,10 @@ class MARS(torch.optim.Optimizer):
         """Load as ``torch.optim.Optimizer`` does, keeping float32 state for low-precision parameters."""
         super().load_state_dict(state_dict)
         restore_float32_state(self, state_dict)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        fill_new_defaults(self)
 
 
 def _by_device(params: list[Tensor]) -> Iterable[tuple[torch.device, list[Tensor]]]:

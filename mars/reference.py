@@ -78,7 +78,7 @@ def newton_schulz5(matrix: Tensor, steps: int = 5, eps: float = 1e-7, dtype: tor
     return x.to(matrix.dtype)
 
 
-def _apply_update(param: Tensor, update: Tensor, lr: float, weight_decay: float) -> None:
+def apply_update(param: Tensor, update: Tensor, lr: float, weight_decay: float) -> None:
     """p <- p - lr * (update + weight_decay * p), computed in float32 and written back in p's dtype."""
     p32 = param.float()
     p32.add_(torch.mul(p32, weight_decay).add(update).mul(-lr))
@@ -103,6 +103,7 @@ def mars_step(
     gamma: float,
     mars_type: str,
     amsgrad: bool,
+    ns_dtype: torch.dtype = torch.bfloat16,
 ) -> None:
     """One MARS update of ``param`` in place; ``exp_avg``/``exp_avg_sq``/``max_exp_avg_sq`` are float32 state.
 
@@ -125,8 +126,8 @@ def mars_step(
     else:
         # The official code passes the optimizer's eps to Newton-Schulz as its normalisation guard.
         scale = max(1.0, param.size(0) / param.size(1)) ** 0.5
-        update = newton_schulz5(exp_avg.mul(1.0 / (1.0 - beta1)), eps=eps).mul(scale)
-    _apply_update(param, update, lr, weight_decay)
+        update = newton_schulz5(exp_avg.mul(1.0 / (1.0 - beta1)), eps=eps, dtype=ns_dtype).mul(scale)
+    apply_update(param, update, lr, weight_decay)
 
 
 @torch.no_grad()
@@ -154,4 +155,4 @@ def adamw_step(
         torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
         second_moment = max_exp_avg_sq
     update = exp_avg.div(adam_denominator(second_moment, step, beta1, beta2, eps))
-    _apply_update(param, update, lr, weight_decay)
+    apply_update(param, update, lr, weight_decay)

@@ -4,8 +4,8 @@
 
 Orthogonalises the 2-D parameters of GPT-2 (the 50304-row token embedding included: the authors' Muon takes
 every 2-D tensor) three ways: a loop of one matrix at a time; same-shaped matrices batched
-(``mars.muon.orthogonalise``, what Muon does in one process); and, for W = 2, 4, 8 ranks, each rank's share as
-``mars.muon.assign_owners`` deals them out, timed one rank after another on this one device; the slowest
+(``mars.newton_schulz.orthogonalise``, what Muon does in one process); and, for W = 2, 4, 8 ranks, each rank's share as
+``mars.newton_schulz.assign_owners`` deals them out, timed one rank after another on this one device; the slowest
 rank's time is what a DDP step waits for. The all-reduce that hands the results round (4 bytes per element of
 all matrices, like a float32 gradient all-reduce) is not timed here. Writes a markdown table and JSON to
 ``results/bench_newton_schulz_<device>.{md,json}``.
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from mars import reference
-from mars.muon import assign_owners, orthogonalise
+from mars.newton_schulz import assign_owners, orthogonalise
 from scripts.bench_optimizer import device_name, gpt2_shapes, make_timer
 
 WORLD_SIZES = (2, 4, 8)

@@ -32,7 +32,8 @@ def optimizer_class_and_arguments(cfg) -> tuple[type[torch.optim.Optimizer], dic
         return MARS, dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
                           amsgrad=cfg.amsgrad, gamma=cfg.gamma, is_approx=cfg.is_approx, mars_type=cfg.mars_type,
                           optimize_1d=cfg.optimize_1d, lr_1d=cfg.lr_1d, betas_1d=tuple(cfg.betas_1d),
-                          weight_decay_1d=cfg.weight_decay_1d, backend=cfg.backend)
+                          weight_decay_1d=cfg.weight_decay_1d, backend=cfg.backend,
+                          ns_dtype=newton_schulz_dtype(cfg.ns_dtype))
     if cfg.name == "muon":
         from mars import Muon
 
@@ -59,7 +60,8 @@ def build_optimizer(cfg, model: nn.Module, zero1: bool = False) -> torch.optim.O
     """
     optimizer_class, arguments = optimizer_class_and_arguments(cfg)
     groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
-    if cfg.name == "muon" and not zero1 and dist.is_initialized() and dist.get_world_size() > 1:
+    orthogonalises = cfg.name == "muon" or (cfg.name == "mars" and cfg.mars_type == "mars-shampoo")
+    if orthogonalises and not zero1 and dist.is_initialized() and dist.get_world_size() > 1:
         # DDP ranks hold the same gradients: share the Newton-Schulz work out (ZeRO-1 already splits it).
         arguments["process_group"] = dist.group.WORLD
     if zero1:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mars import Muon, reference
-from mars.muon import assign_owners, newton_schulz_cost
+from mars.newton_schulz import assign_owners, newton_schulz_cost
 
 
 def test_two_nesterov_steps_match_the_update_written_out():

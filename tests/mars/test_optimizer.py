@@ -152,6 +152,46 @@ def test_backend_follows_reference_trajectory_for_bfloat16_params_with_float32_s
                            optimize_1d=False)
 
 
+def shampoo_trajectory(backend, ns_dtype, shapes, steps=5):
+    torch.manual_seed(11)
+    params = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
+    optimizer = MARS(params, lr=1e-2, weight_decay=0.1, mars_type="mars-shampoo", backend=backend, ns_dtype=ns_dtype)
+    for _ in range(steps):
+        for param in params:
+            param.grad = torch.randn(param.shape) * 0.1
+        optimizer.step()
+    return [p.detach() for p in params]
+
+
+def test_shampoo_batches_same_shaped_matrices_with_the_reference_math():
+    shapes = [(8, 6), (8, 6), (6, 8), (8, 6), (5,)]
+    batched = shampoo_trajectory("torch", torch.float32, shapes)
+    one_by_one = shampoo_trajectory("reference", torch.float32, shapes)
+    for a, b in zip(batched, one_by_one):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_shampoo_ns_dtype_is_the_newton_schulz_precision():
+    shapes = [(8, 6), (6, 8)]  # distinct shapes: the same path in both backends
+    bfloat16 = shampoo_trajectory("reference", torch.bfloat16, shapes)
+    assert all(torch.equal(a, b) for a, b in zip(bfloat16, shampoo_trajectory("torch", torch.bfloat16, shapes)))
+    float32 = shampoo_trajectory("reference", torch.float32, shapes)
+    assert not torch.allclose(bfloat16[0], float32[0], rtol=0, atol=1e-6)
+
+
+def test_a_state_dict_from_before_ns_dtype_loads_with_the_default():
+    param = torch.nn.Parameter(torch.randn(4, 3))
+    param.grad = torch.randn(4, 3)
+    optimizer = MARS([param], mars_type="mars-shampoo")
+    optimizer.step()
+    saved = optimizer.state_dict()
+    del saved["param_groups"][0]["ns_dtype"]
+    restored = MARS([param], mars_type="mars-shampoo")
+    restored.load_state_dict(saved)
+    assert restored.param_groups[0]["ns_dtype"] == torch.bfloat16
+    restored.step()
+
+
 def test_params_without_grad_are_skipped_and_keep_their_step_count():
     params = [torch.nn.Parameter(torch.randn(3, 3)) for _ in range(2)]
     frozen = params[1].detach().clone()

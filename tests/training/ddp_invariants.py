@@ -1,9 +1,10 @@
 """Run under torchrun: after DDP training with MARS or Muon, every rank must hold exactly the same parameters.
 
 Each rank trains on its own batches; DDP averages the gradients, and the optimizer step (including MARS's
-remembered gradient, copied out of DDP's gradient buckets, and Muon's Newton-Schulz shared out across the
-ranks) must then agree bit for bit across ranks. Muon is also checked against a single-process Muon stepping a
-copy of the parameters on the same averaged gradients. Exits non-zero if any check fails.
+remembered gradient, copied out of DDP's gradient buckets, and the Newton-Schulz of Muon and MARS-Shampoo
+shared out across the ranks) must then agree bit for bit across ranks. Muon and MARS-Shampoo are also checked
+against a single-process optimizer stepping a copy of the parameters on the same averaged gradients. Exits
+non-zero if any check fails.
 """
 import sys
 
@@ -27,6 +28,12 @@ def main() -> None:
     if sys.argv[1] == "muon":
         optimizer = Muon(params, lr=2e-2, ns_dtype=torch.float32, process_group=dist.group.WORLD)
         shadow_optimizer = Muon(shadow, lr=2e-2, ns_dtype=torch.float32)
+    elif sys.argv[1] == "mars-shampoo":
+        # float32 Newton-Schulz: in bfloat16, batching the same matrices differently changes the rounding, and
+        # the iteration amplifies it (see tests/mars/test_optimizer.py).
+        shampoo = dict(lr=1e-2, mars_type="mars-shampoo", backend="torch", ns_dtype=torch.float32)
+        optimizer = MARS(params, **shampoo, process_group=dist.group.WORLD)
+        shadow_optimizer = MARS(shadow, **shampoo)
     else:
         optimizer = MARS(params, lr=1e-2, mars_type=sys.argv[1], backend="torch")
         shadow_optimizer = None

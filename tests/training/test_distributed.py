@@ -52,7 +52,7 @@ def test_two_gloo_ranks_train_like_one_process_with_doubled_accumulation(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mars_type", ["mars-adamw", "mars-lion", "muon"])
+@pytest.mark.parametrize("mars_type", ["mars-adamw", "mars-lion", "mars-shampoo", "muon"])
 def test_every_rank_reaches_the_same_parameters(mars_type):
     result = subprocess.run([*TORCHRUN, str(Path(__file__).with_name("ddp_invariants.py")), mars_type],
                             cwd=REPO, capture_output=True, text=True, timeout=300,

@@ -1,0 +1,61 @@
+"""Newton-Schulz orthogonalisation of many matrices at once (Muon, MARS-Shampoo): same-shaped ones batched,
+and under DDP shared out across the ranks, which all hold the same matrices."""
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from mars import reference
+
+
+def newton_schulz_cost(shape: torch.Size) -> int:
+    """Multiply-adds of one Newton-Schulz iteration on a matrix of ``shape``, up to a constant."""
+    small, large = sorted(shape)
+    return small * small * large
+
+
+def assign_owners(shapes: list[torch.Size], world_size: int) -> list[int]:
+    """The rank that orthogonalises each matrix: largest first, each to the least loaded rank so far.
+
+    Deterministic, so that every rank computes the same assignment from the same parameter list.
+    """
+    loads, owners = [0] * world_size, [0] * len(shapes)
+    for index in sorted(range(len(shapes)), key=lambda i: -newton_schulz_cost(shapes[i])):
+        owner = min(range(world_size), key=loads.__getitem__)
+        owners[index] = owner
+        loads[owner] += newton_schulz_cost(shapes[index])
+    return owners
+
+
+def orthogonalise(matrices: list[Tensor], steps: int = 5, dtype: torch.dtype = torch.bfloat16,
+                  process_group: dist.ProcessGroup | None = None, eps: float = 1e-7) -> list[Tensor]:
+    """Newton-Schulz of each matrix; same-shaped ones go through as one batch (fewer, larger products).
+
+    With a ``process_group`` of several ranks, all holding the same ``matrices`` (DDP's all-reduced
+    gradients), each rank orthogonalises its share (:func:`assign_owners`) and an all-reduce of one flat
+    float32 buffer, zero outside each owner's slots, hands every rank all results exactly: the cost per rank
+    falls with the number of ranks instead of being repeated on each.
+    """
+    world_size = dist.get_world_size(process_group) if process_group is not None else 1
+    rank = dist.get_rank(process_group) if process_group is not None else 0
+    owners = assign_owners([m.shape for m in matrices], world_size)
+    results: list[Tensor | None] = [None] * len(matrices)
+    by_shape: dict[torch.Size, list[int]] = {}
+    for index, matrix in enumerate(matrices):
+        if owners[index] == rank:
+            by_shape.setdefault(matrix.shape, []).append(index)
+    for indices in by_shape.values():
+        if len(indices) == 1:
+            results[indices[0]] = reference.newton_schulz5(matrices[indices[0]], steps, eps, dtype)
+        else:
+            batch = reference.newton_schulz5(torch.stack([matrices[i] for i in indices]), steps, eps, dtype)
+            for index, result in zip(indices, batch.unbind(0)):
+                results[index] = result
+    if world_size == 1:
+        return results
+    flat = torch.zeros(sum(m.numel() for m in matrices), dtype=torch.float32, device=matrices[0].device)
+    views = flat.split([m.numel() for m in matrices])
+    for view, result in zip(views, results):
+        if result is not None:
+            view.copy_(result.flatten())
+    dist.all_reduce(flat, group=process_group)  # x + 0 + ... + 0 = x: exact
+    return [view.view_as(matrix).to(matrix.dtype) for view, matrix in zip(views, matrices)]
