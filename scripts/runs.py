@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 MODEL_SIZES = {(12, 12, 768): "small", (24, 16, 1024): "medium", (36, 20, 1280): "large", (48, 25, 1600): "xl"}
 SIZE_ORDER = ("small", "medium", "large", "xl")
 CORPUS_NAMES = {"openwebtext": "OpenWebText", "fineweb-edu": "FineWeb-Edu", "embedded": "Shakespeare (embedded)"}
-OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon", "mars-exact": "MARS-exact", "mars-approx": "MARS-approx"}
+OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon", "mars-exact": "MARS-exact", "mars-approx": "MARS-approx",
+                   "mars-lion-approx": "MARS-Lion", "mars-lion-exact": "MARS-Lion-exact",
+                   "mars-shampoo-approx": "MARS-Shampoo", "mars-shampoo-exact": "MARS-Shampoo-exact"}
 # The training settings that change what a run computes; the rest (seed, device, paths, logging) do not.
 SETTING_KEYS = ("batch_size", "block_size", "grad_accum_steps", "max_iters", "lr_schedule", "warmup_iters",
                 "decay_iters", "decay_fraction", "min_lr", "grad_clip", "dtype")

@@ -45,3 +45,12 @@ def test_other_model_shapes_and_mars_variants_get_their_own_labels(tmp_path, mak
              [10.9, 9.0], tokens_per_step=64)
     run, = load_runs([str(tmp_path / "*")])
     assert (run.model, run.optimizer, run.corpus) == ("4x128", "mars-lion-exact", "embedded")
+
+
+def test_every_mars_variant_has_a_display_name_in_the_paper_style():
+    from scripts.runs import display_optimizer
+
+    names = [display_optimizer(f"{variant}-{scheme}") for variant in ("mars", "mars-lion", "mars-shampoo")
+             for scheme in ("approx", "exact")]
+    assert names == ["MARS-approx", "MARS-exact", "MARS-Lion", "MARS-Lion-exact", "MARS-Shampoo",
+                     "MARS-Shampoo-exact"]
