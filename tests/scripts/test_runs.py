@@ -1,7 +1,7 @@
 """Labelling runs read back from their directories: model size, optimizer, nominal token budget, seeds."""
 import pytest
 
-from scripts.runs import group_settings, load_runs, nominal_tokens, tokens_label
+from scripts.runs import display_optimizer, group_settings, load_runs, nominal_tokens, tokens_label
 
 
 @pytest.mark.parametrize("tokens, label", [(10_000 * 491_520, "5B"), (40_000 * 491_520, "20B"),
@@ -48,8 +48,6 @@ def test_other_model_shapes_and_mars_variants_get_their_own_labels(tmp_path, mak
 
 
 def test_every_mars_variant_has_a_display_name_in_the_paper_style():
-    from scripts.runs import display_optimizer
-
     names = [display_optimizer(f"{variant}-{scheme}") for variant in ("mars", "mars-lion", "mars-shampoo")
              for scheme in ("approx", "exact")]
     assert names == ["MARS-approx", "MARS-exact", "MARS-Lion", "MARS-Lion-exact", "MARS-Shampoo",
