@@ -1,6 +1,7 @@
 """The small-scale version of the paper's comparison that a CPU can run: tiny GPT-2 on the embedded corpus.
 
-    python -m scripts.small_study [--out runs/small-study] [--jobs 2] [--phases lr seeds gamma] [--dry-run]
+    python -m scripts.small_study [--out runs/small-study] [--jobs 2] [--phases lr seeds gamma] [--only NAME ...]
+                                  [--dry-run]
 
 Every run trains the same model on the same number of tokens (``STEPS`` x 8 x 128) with a cosine schedule from
 its peak lr to a tenth of it (Muon: both parts to 3e-4, a tenth of its AdamW part's lr). Three phases, each
@@ -131,10 +132,10 @@ def best_lr(optimizer: Optimizer, out: Path) -> float:
     return min(losses, key=losses.get)
 
 
-def extension_jobs(out: Path) -> dict[str, list[str]]:
+def extension_jobs(out: Path, optimizers: tuple[Optimizer, ...] = OPTIMIZERS) -> dict[str, list[str]]:
     """One more lr, a factor 3 further out, for each optimizer whose best lr lies at the edge of its sweep."""
     jobs = {}
-    for o in OPTIMIZERS:
+    for o in optimizers:
         losses = sweep_losses(o, out)
         best = min(losses, key=losses.get)
         if len(losses) - len(o.lrs) >= MAX_EXTENSIONS or min(losses) < best < max(losses):
@@ -144,17 +145,19 @@ def extension_jobs(out: Path) -> dict[str, list[str]]:
     return jobs
 
 
-def phase_jobs(phase: str, out: Path) -> dict[str, list[str]]:
+def phase_jobs(phase: str, out: Path, optimizers: tuple[Optimizer, ...] = OPTIMIZERS) -> dict[str, list[str]]:
     if phase == "lr":
-        return {run_name(o, lr): overrides(o, lr) for o in OPTIMIZERS for lr in o.lrs}
+        return {run_name(o, lr): overrides(o, lr) for o in optimizers for lr in o.lrs}
     if phase == "seeds":
         jobs = {}
-        for o in OPTIMIZERS:
+        for o in optimizers:
             lr = best_lr(o, out)
             jobs.update({run_name(o, lr, seed): overrides(o, lr, seed) for seed in SEEDS})
         return jobs
     if phase == "gamma":
-        mars = next(o for o in OPTIMIZERS if o.name == "mars-approx")
+        mars = next((o for o in optimizers if o.name == "mars-approx"), None)
+        if mars is None:
+            return {}
         lr = best_lr(mars, out)
         return {run_name(mars, lr, gamma=g): overrides(mars, lr, gamma=g) for g in GAMMAS}
     raise ValueError(f"unknown phase {phase!r}")
@@ -165,14 +168,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "small-study")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
     parser.add_argument("--phases", nargs="+", choices=("lr", "seeds", "gamma"), default=["lr", "seeds", "gamma"])
+    parser.add_argument("--only", nargs="+", choices=[o.name for o in OPTIMIZERS],
+                        help="these optimizers only, in this order (default: all)")
     parser.add_argument("--dry-run", action="store_true", help="print the train.py commands instead")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     out = args.out.resolve()
+    optimizers = tuple(next(o for o in OPTIMIZERS if o.name == name) for name in args.only) if args.only else OPTIMIZERS
     for phase in args.phases:
-        run_all(phase_jobs(phase, out), out, args.jobs, args.dry_run)
+        run_all(phase_jobs(phase, out, optimizers), out, args.jobs, args.dry_run)
         # A best lr at the edge of the sweep may not be the best: look further out, up to MAX_EXTENSIONS times.
-        while phase == "lr" and not args.dry_run and (jobs := extension_jobs(out)):
+        while phase == "lr" and not args.dry_run and (jobs := extension_jobs(out, optimizers)):
             run_all(jobs, out, args.jobs, dry_run=False)
 
 

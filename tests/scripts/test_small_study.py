@@ -60,3 +60,10 @@ def test_the_sweep_extends_past_the_edge_that_holds_the_best_lr(tmp_path, make_r
     finished_run(make_run, tmp_path, adamw, 1e-4, 5.8)  # and the limit of two extensions is reached
     assert small_study.extension_jobs(tmp_path) == {}
     assert small_study.best_lr(adamw, tmp_path) == 1e-4
+
+
+def test_only_restricts_the_runs_to_the_named_optimizers_in_their_order(tmp_path, capsys):
+    small_study.main(["--out", str(tmp_path), "--phases", "lr", "gamma", "--only", "muon", "adamw", "--dry-run"])
+    names = [line.split(":")[0].rsplit("/", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    assert names == ([small_study.run_name(small_study.OPTIMIZERS[-1], lr) for lr in (1e-2, 2e-2, 4e-2)]
+                     + [small_study.run_name(small_study.OPTIMIZERS[0], lr) for lr in (1e-3, 3e-3, 1e-2)])
