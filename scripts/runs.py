@@ -5,6 +5,7 @@ corpus, model size, optimizer and token budget; runs whose configs differ only i
 do not change the result: device, paths, logging, checkpointing) share a ``setting`` and count as seeds of it.
 Used by ``scripts.make_table`` and ``scripts.plot_curves``.
 """
+import dataclasses
 import glob
 import json
 import logging
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from configs.schema import OPTIMIZER_SCHEMAS
 from training.metrics import METRICS_FILE, read_metrics
 
 log = logging.getLogger(__name__)
@@ -93,13 +95,32 @@ def load_run(run_dir: Path) -> Run | None:
     # Tokens per step come from the log, which counts every rank: the config alone does not know the world size.
     tokens_per_step = step["tokens"] / step["step"]
     budget = cfg["train"]["max_iters"] * tokens_per_step
-    setting = {"model": cfg["model"], "optimizer": cfg["optimizer"],
+    setting = {"model": cfg["model"], "optimizer": without_defaults(cfg["optimizer"]),
                "data": {key: value for key, value in cfg["data"].items() if key != "dir"},
                "train": {key: cfg["train"].get(key) for key in SETTING_KEYS}, "tokens_per_step": tokens_per_step}
     return Run(name=str(run_dir), corpus=cfg["data"]["name"], model=model_label(cfg["model"]),
                optimizer=optimizer_label(cfg["optimizer"]), budget=budget,
                setting=json.dumps(setting, sort_keys=True), lr=cfg["optimizer"]["lr"],
                gamma=cfg["optimizer"].get("gamma"), records=records)
+
+
+def without_defaults(optimizer_cfg: dict) -> dict:
+    """The optimizer settings that differ from the schema's defaults.
+
+    A run made before a key joined the schema has no such key; one made after has it at its default. Both ran
+    the same thing, and must count as one setting (as seeds of each other).
+    """
+    schema = OPTIMIZER_SCHEMAS.get(optimizer_cfg.get("name"))
+    if schema is None:
+        return optimizer_cfg
+    defaults = {f.name: f.default for f in dataclasses.fields(schema) if f.default is not dataclasses.MISSING}
+    return {key: value for key, value in optimizer_cfg.items()
+            if key not in defaults or value != as_yaml(defaults[key])}
+
+
+def as_yaml(value):
+    """A schema default as it reads back from a saved config (tuples become lists)."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def find_run_dirs(patterns: list[str]) -> list[Path]:

@@ -52,3 +52,14 @@ def test_every_mars_variant_has_a_display_name_in_the_paper_style():
              for scheme in ("approx", "exact")]
     assert names == ["MARS-approx", "MARS-exact", "MARS-Lion", "MARS-Lion-exact", "MARS-Shampoo",
                      "MARS-Shampoo-exact"]
+
+
+def test_a_run_saved_before_a_new_optimizer_key_pools_with_seeds_saved_after(tmp_path, make_run):
+    old = make_run(tmp_path / "old", ["optimizer=mars-adamw", "train.max_iters=10"], [10.8, 6.0], 1024)
+    make_run(tmp_path / "new", ["optimizer=mars-adamw", "train.max_iters=10", "train.seed=2"], [10.8, 6.2], 1024)
+    make_run(tmp_path / "other", ["optimizer=mars-adamw", "train.max_iters=10", "optimizer.ns_dtype=float32"],
+             [10.8, 6.4], 1024)
+    config = old / ".hydra" / "config.yaml"
+    config.write_text("\n".join(line for line in config.read_text().splitlines() if "ns_dtype" not in line))
+    [settings] = group_settings(load_runs([str(tmp_path)])).values()
+    assert sorted(len(setting.runs) for setting in settings) == [1, 2]  # old + new pooled; float32 apart
