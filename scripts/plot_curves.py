@@ -8,9 +8,7 @@ setting with the best validation loss (see scripts/make_table.py). With several 
 and the band spans their lowest and highest loss. Training time is the sum of the logged ``step_ms`` (training
 steps only: evaluation and checkpointing are left out), read at each evaluation.
 """
-import argparse
 import logging
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -20,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from scripts.runs import (Run, Setting, display_corpus, display_model, display_optimizer,  # noqa: E402
-                          group_settings, load_runs, optimizer_order, tokens_label)
+                          group_settings, optimizer_order, plot_command, tokens_label)
 
 log = logging.getLogger(__name__)
 
@@ -107,16 +105,7 @@ def plot_curves(runs: list[Run], out: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    parser = argparse.ArgumentParser(prog="python -m scripts.plot_curves", description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", help="run directories or glob patterns (quote them)")
-    parser.add_argument("--out", type=Path, default=Path("results/curves"), help="directory for the PNG files")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        for path in plot_curves(load_runs(args.runs), args.out):
-            print(path)
-    except (ValueError, FileNotFoundError) as err:
-        raise SystemExit(f"error: {err}") from None
+    plot_command("python -m scripts.plot_curves", __doc__, "results/curves", plot_curves, argv)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,8 @@ only in the swept value (and, for lr, in train.min_lr), so an AdamW sweep and a 
 separate lines; a point is the mean over seeds of each run's best validation loss, its bar spans the seeds'
 lowest and highest.
 """
-import argparse
 import json
 import logging
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +19,7 @@ matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 from scripts.runs import (Run, Setting, display_corpus, display_model, display_optimizer,  # noqa: E402
-                          group_settings, load_runs, optimizer_order, tokens_label)
+                          group_settings, optimizer_order, plot_command, tokens_label)
 
 log = logging.getLogger(__name__)
 SWEPT = {"lr": "learning rate", "gamma": "gamma (MARS)"}
@@ -110,16 +108,7 @@ def plot_sweeps(runs: list[Run], out: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    parser = argparse.ArgumentParser(prog="python -m scripts.plot_sweep", description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", help="run directories or glob patterns (quote them)")
-    parser.add_argument("--out", type=Path, default=Path("results/sweeps"), help="directory for the PNG files")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        for path in plot_sweeps(load_runs(args.runs), args.out):
-            print(path)
-    except (ValueError, FileNotFoundError) as err:
-        raise SystemExit(f"error: {err}") from None
+    plot_command("python -m scripts.plot_sweep", __doc__, "results/sweeps", plot_sweeps, argv)
 
 
 if __name__ == "__main__":

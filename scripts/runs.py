@@ -5,12 +5,15 @@ corpus, model size, optimizer and token budget; runs whose configs differ only i
 do not change the result: device, paths, logging, checkpointing) share a ``setting`` and count as seeds of it.
 Used by ``scripts.make_table`` and ``scripts.plot_curves``.
 """
+import argparse
 import dataclasses
 import glob
 import json
 import logging
 import math
 import statistics
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -196,3 +199,18 @@ def display_model(model: str) -> str:
 
 def display_optimizer(optimizer: str) -> str:
     return OPTIMIZER_NAMES.get(optimizer, optimizer)
+
+
+def plot_command(prog: str, doc: str, default_out: str, plot: Callable[[list[Run], Path], list[Path]],
+                 argv: list[str] | None = None) -> None:
+    """The command line of a figure script: run patterns in, the PNG paths written out (or one error line)."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="run directories or glob patterns (quote them)")
+    parser.add_argument("--out", type=Path, default=Path(default_out), help="directory for the PNG files")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        for path in plot(load_runs(args.runs), args.out):
+            print(path)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
