@@ -10,6 +10,7 @@ from mars import reference
 from mars.newton_schulz import orthogonalise
 from mars.optimizer import (
     check_betas,
+    check_ns_dtype,
     check_non_negative,
     check_real_params,
     fill_new_defaults,
@@ -83,9 +84,7 @@ class Muon(torch.optim.Optimizer):
         if not (isinstance(group["ns_steps"], int) and group["ns_steps"] >= 1):
             raise ValueError(f"ns_steps must be an int >= 1, got {group['ns_steps']!r}")
         check_betas("adamw_betas", group["adamw_betas"])
-        if group["ns_dtype"] not in (torch.bfloat16, torch.float32, torch.float64):
-            raise ValueError(
-                f"ns_dtype must be torch.bfloat16, torch.float32 or torch.float64, got {group['ns_dtype']!r}")
+        check_ns_dtype(group["ns_dtype"])
 
     @torch.no_grad()
     def step(self, closure=None):

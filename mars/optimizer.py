@@ -67,6 +67,12 @@ def float32_zeros_like(param: Tensor) -> Tensor:
     return torch.zeros_like(param, dtype=torch.float32, memory_format=torch.contiguous_format)
 
 
+def check_ns_dtype(ns_dtype: torch.dtype) -> None:
+    """Newton-Schulz runs in bfloat16 (the authors'), float32 or float64."""
+    if ns_dtype not in (torch.bfloat16, torch.float32, torch.float64):
+        raise ValueError(f"ns_dtype must be torch.bfloat16, torch.float32 or torch.float64, got {ns_dtype!r}")
+
+
 def fill_new_defaults(optimizer: torch.optim.Optimizer) -> None:
     """Give param groups loaded from an older state_dict the hyperparameters added since (at their defaults)."""
     for group in optimizer.param_groups:
@@ -238,9 +244,7 @@ class MARS(torch.optim.Optimizer):
         )
         check_betas("betas", group["betas"])
         check_betas("betas_1d", group["betas_1d"])
-        if group["ns_dtype"] not in (torch.bfloat16, torch.float32, torch.float64):
-            raise ValueError(
-                f"ns_dtype must be torch.bfloat16, torch.float32 or torch.float64, got {group['ns_dtype']!r}")
+        check_ns_dtype(group["ns_dtype"])
         if group["mars_type"] not in reference.MARS_TYPES:
             raise ValueError(f"mars_type must be one of {reference.MARS_TYPES}, got {group['mars_type']!r}")
 
