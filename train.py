@@ -21,14 +21,14 @@ from data.loader import TokenBatches, build_batches
 from evaluation.hellaswag import correct_counts, training_items
 from model import GPT, GPTConfig
 from training.checkpoint import latest_checkpoint, save_checkpoint
-from training.distributed import (DistributedContext, all_gather_objects, any_rank, barrier, init_distributed,
+from training.distributed import (DistributedContext, all_gather_objects, barrier, init_distributed,
                                   shutdown_distributed, sum_across_ranks, wrap_data_parallel)
 from training.divergence import DivergenceGuard, TrainingDiverged
 from training.metrics import MetricsLogger
 from training.preemption import PreemptionSignal
 from training.optimizers import build_optimizer, full_state_dict, local_optimizer, state_bytes
 from training.runtime import (autocast_context, peak_flops, resolve_device, resolve_dtype, rng_state,
-                              seed_everything, set_rng_state)
+                              seed_everything, set_rng_state, set_tf32)
 from training.schedule import apply_schedule
 
 log = logging.getLogger("train")
@@ -36,10 +36,13 @@ VAL_SEED = 0  # fixed: every run of a setting, whatever its seed, is evaluated o
 register_configs()
 
 
-def accumulate_gradients(model, batches: TokenBatches, step: int, grad_accum_steps: int, autocast) -> float:
+def accumulate_gradients(model, batches: TokenBatches, step: int, grad_accum_steps: int, autocast,
+                         grad_multiplier: float = 1.0) -> float:
     """Forward and backward over this rank's micro-batches of ``step``; returns their mean loss.
 
-    Under DDP the gradients are all-reduced once, on the last micro-batch (``no_sync`` before it).
+    The gradients add up to ``grad_multiplier`` x the mean gradient over the global batch (DDP averages the
+    ranks' gradients), whatever the split into ranks and micro-batches. Under DDP the gradients are all-reduced
+    once, on the last micro-batch (``no_sync`` before it).
     """
     total = torch.zeros((), device=batches.device)
     for micro_step in range(grad_accum_steps):
@@ -49,7 +52,7 @@ def accumulate_gradients(model, batches: TokenBatches, step: int, grad_accum_ste
         with sync:
             with autocast:
                 _, loss = model(x, y)
-            (loss / grad_accum_steps).backward()
+            (loss * (grad_multiplier / grad_accum_steps)).backward()
         total += loss.detach()
     return total.item() / grad_accum_steps
 
@@ -109,6 +112,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
         logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the run
     t.grad_accum_steps = grad_accum_steps_for(t, ctx.world_size)  # the checkpoint's config records the result
     dtype = resolve_dtype(t.dtype, device)
+    set_tf32(t.tf32)
     autocast = autocast_context(device, dtype)
 
     batch_args = dict(batch_size=t.batch_size, block_size=t.block_size, grad_accum_steps=t.grad_accum_steps,
@@ -157,6 +161,9 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
     log.info("model %.2fM parameters | %d processes | global batch %d tokens (%d x %d x %d accumulation x %d "
              "ranks) | run dir %s", model_config.num_params(non_embedding=False) / 1e6, ctx.world_size,
              tokens_per_step, t.batch_size, t.block_size, t.grad_accum_steps, ctx.world_size, run_dir)
+    if t.grad_multiplier != 1:
+        log.info("the optimizer receives %g x the mean gradient (train.grad_multiplier), clipped at %g",
+                 t.grad_multiplier, t.grad_clip)
 
     def evaluate(step: int) -> None:
         val_loss = estimate_val_loss(train_model, val_batches, t.eval_iters, autocast, ctx)
@@ -189,7 +196,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
     guard = DivergenceGuard(t.max_skipped_steps, skipped_steps)
     if start_step == 0:
         evaluate(0)
-    window_seconds, window_steps = 0.0, 0
+    window_seconds, window_steps, window_clipped = 0.0, 0, 0
     for step in range(start_step, t.max_iters):
         step_start = time.perf_counter()
         lr = apply_schedule(optimizer, step, schedule, cfg.optimizer)
@@ -197,17 +204,20 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
         if needs_lookahead:
             # Exact MARS: the gradient at the current parameters on the next step's batch becomes the
             # remembered gradient that the next step corrects against.
-            accumulate_gradients(train_model, train_batches, step + 1, t.grad_accum_steps, autocast)
+            accumulate_gradients(train_model, train_batches, step + 1, t.grad_accum_steps, autocast,
+                                 t.grad_multiplier)
             lookahead_norm = clip_gradients(model, t.grad_clip)
             local_optimizer(optimizer).stash_lookahead_grad()
             optimizer.zero_grad(set_to_none=True)
-        train_loss = accumulate_gradients(train_model, train_batches, step, t.grad_accum_steps, autocast)
+        # The mean over ranks: what is logged, and a NaN/inf on any rank reaches all of them.
+        train_loss = sum_across_ranks(
+            accumulate_gradients(train_model, train_batches, step, t.grad_accum_steps, autocast, t.grad_multiplier),
+            ctx,
+        ) / ctx.world_size
         grad_norm = clip_gradients(model, t.grad_clip)
+        window_clipped += t.grad_clip > 0 and grad_norm > t.grad_clip
         # Checked every step (one host sync) so that a divergence names the exact step it happened at. The
-        # gradient norm is the same on every rank (all-reduced gradients), and a non-finite loss on one rank
-        # counts on all of them: every rank must decide alike.
-        if any_rank(not math.isfinite(train_loss), ctx):
-            train_loss = math.nan
+        # gradient norm and the loss are the same on every rank, so every rank decides alike.
         if guard.allows_update(step + 1, train_loss, grad_norm, checkpoint_path, lookahead_norm):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -225,8 +235,9 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
         if done % t.log_interval == 0 or done == t.max_iters:
             tokens_per_s = window_steps * tokens_per_step / window_seconds
             record = {"step": done, "tokens": tokens_seen, "lr": lr,
-                      "train/loss": sum_across_ranks(train_loss, ctx) / ctx.world_size,
-                      "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
+                      "train/loss": train_loss,
+                      "grad_norm": grad_norm, "clipped": window_clipped / window_steps,
+                      "tokens_per_s": tokens_per_s,
                       "step_ms": 1000 * window_seconds / window_steps,
                       # At the recent step time; evaluations and checkpoints come on top.
                       "eta_s": (t.max_iters - done) * window_seconds / window_steps}
@@ -237,7 +248,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
             if device.type == "cuda":
                 record["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
             metrics.log(record)
-            window_seconds, window_steps = 0.0, 0
+            window_seconds, window_steps, window_clipped = 0.0, 0, 0
         if done % t.eval_interval == 0 or done == t.max_iters:
             evaluate(done)
         if hellaswag_items and (done % t.hellaswag_interval == 0 or done == t.max_iters):

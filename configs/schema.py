@@ -49,6 +49,7 @@ class ModelConfig:
     bias: bool = False
     dropout: float = 0.0
     scale_attn_by_inverse_layer_idx: bool = False  # the MARS authors' runs: true
+    activation: str = "gelu"  # gelu (exact) or gelu_tanh (GPT-2's tanh approximation; the MARS authors' runs)
 
 
 @dataclass
@@ -129,6 +130,13 @@ class TrainConfig:
     decay_fraction: float = 0.2  # wsd only: share of the run spent cooling down
     min_lr: float = 1e-4
     grad_clip: float = 1.0  # 0 disables clipping
+    # The optimizer (and the clip before it) receives grad_multiplier x the mean gradient over the global batch.
+    # 1: the mean, as nanoGPT. The MARS authors' loop sums the micro-batch gradients of each rank without dividing
+    # by the accumulation steps (AGI-Arena/MARS MARS/train_mars.py:378-391) and DDP averages over their 8 GPUs: 4x
+    # the mean for GPT-2 small/medium (15 x 4 x 8), 12x for large/XL (5 x 12 x 8). A preset sets their factor,
+    # which then holds on any number of GPUs and any accumulation.
+    grad_multiplier: float = 1.0
+    tf32: bool = False  # TF32 matmuls and cuDNN convolutions on CUDA, as the MARS authors' trainer (presets: true)
     dtype: Precision = Precision.auto
     compile: bool = False
     seed: int = 1337
@@ -223,6 +231,10 @@ def validate(cfg) -> None:
              f"train.hellaswag_items must be positive or null (all), got {t.hellaswag_items}")
     _require(t.max_skipped_steps >= 0, f"train.max_skipped_steps must be >= 0, got {t.max_skipped_steps}")
     _require(t.grad_clip >= 0.0, f"train.grad_clip must be >= 0 (0 disables it), got {t.grad_clip}")
+    _require(t.grad_multiplier > 0.0, f"train.grad_multiplier must be positive (1: the mean gradient), got "
+             f"{t.grad_multiplier}")
+    _require(m.activation in ("gelu", "gelu_tanh"),
+             f"model.activation must be gelu or gelu_tanh, got {m.activation!r}")
     _require(o.lr > 0.0, f"optimizer.lr must be positive, got {o.lr}")
     _require(0.0 <= t.min_lr <= o.lr, f"train.min_lr ({t.min_lr}) must lie in [0, optimizer.lr={o.lr}]")
     if o.name == "muon":

@@ -6,6 +6,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+ACTIVATIONS = {"gelu": "none", "gelu_tanh": "tanh"}  # name -> nn.GELU's `approximate`
+
 
 @dataclass
 class GPTConfig:
@@ -19,10 +21,15 @@ class GPTConfig:
     # Divide layer i's attention scores by i + 1 as well (GPT-2's Mistral-style stabiliser; the MARS authors'
     # trainer turns it on for every run).
     scale_attn_by_inverse_layer_idx: bool = False
+    # The MLP's GELU: "gelu" (exact, erf) or "gelu_tanh" (the tanh approximation of GPT-2, nanoGPT's new_gelu and
+    # the MARS authors' model, AGI-Arena/MARS MARS/model.py:20-25).
+    activation: str = "gelu"
 
     def __post_init__(self):
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count from the config alone (no allocation); tied lm_head counted once.
@@ -83,7 +90,7 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU()
+        self.gelu = nn.GELU(approximate=ACTIVATIONS[config.activation])
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 

@@ -3,12 +3,16 @@
     python -m scripts.small_study [--out runs/small-study] [--jobs 2] [--phases lr seeds gamma] [--only NAME ...]
                                   [--dry-run]
 
-Every run trains the same model on the same number of tokens (``STEPS`` x 8 x 128) with a cosine schedule from
-its peak lr to a tenth of it (Muon: both parts to 3e-4, a tenth of its AdamW part's lr). Three phases, each
+Every run trains the same model on the same number of tokens (``STEPS`` x 8 x 128) with the treatment of the
+GPT-2 small presets (configs/paper/): the authors' model (attention scores scaled by inverse layer index, tanh
+GELU), embeddings outside weight decay for every optimizer, 4x the mean gradient clipped at 1.0
+(``train.grad_multiplier``), a cosine schedule from each optimizer's peak lr to one absolute ``MIN_LR`` for all,
+and each optimizer's second learning rate at a fixed ratio to the swept one (MARS-AdamW: lr_1d = lr / 2, as in
+every config of the authors; Muon: its AdamW part at 0.15 x lr, the authors' 3e-3 / 2e-2). Three phases, each
 using the results of the one before:
 
 1. ``lr``: a short lr sweep per optimizer (AdamW, Muon, MARS-AdamW approx and exact, MARS-Lion), seed 1337,
-   extended by a factor 3 (up to twice) past whichever end of the sweep holds the best lr;
+   extended by a factor 3 (up to ``MAX_EXTENSIONS`` times) past whichever end of the sweep holds the best lr;
 2. ``seeds``: the best lr of each optimizer again with seeds 1 and 2;
 3. ``gamma``: MARS-AdamW approx at its best lr with other gammas, 0 included (MARS without its correction).
 
@@ -34,11 +38,14 @@ from training.metrics import read_metrics
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 200
 SEEDS = (1, 2)  # the extra seeds of phase 2; phase 1 uses train.seed's default, 1337
-GAMMAS = (0.005, 0.01, 0.05, 0.0)  # phase 3, beside the paper's 0.025 of phase 1; 0: no variance reduction
-MAX_EXTENSIONS = 2  # extra lrs per optimizer when the best one lies at the edge of its sweep
+GAMMAS = (0.0, 0.01, 0.05)  # phase 3, beside the paper's 0.025 of phase 1; 0: no variance reduction
+MAX_EXTENSIONS = 1  # extra lrs per optimizer when the best one lies at the edge of its sweep
+MIN_LR = 3e-5  # the GPT-2 small presets' absolute min_lr, for every optimizer (the authors' configs)
+GRAD_MULTIPLIER = 4  # the GPT-2 small presets' gradient scale (the authors' 4 summed micro-batches)
 COMMON = ("model=tiny", "data=embedded", f"train.max_iters={STEPS}", "train.warmup_iters=20",
           "train.eval_interval=50", "train.eval_iters=16", "train.log_interval=25",
-          "train.checkpoint_interval=100", "train.keep_checkpoints=1")
+          "train.checkpoint_interval=100", "train.keep_checkpoints=1", f"train.min_lr={MIN_LR:g}",
+          f"train.grad_multiplier={GRAD_MULTIPLIER}")
 
 
 @dataclass(frozen=True)
@@ -46,17 +53,19 @@ class Optimizer:
     name: str  # the run-name prefix
     overrides: tuple[str, ...]
     lrs: tuple[float, ...]
-    min_lr: float | None = None  # where the cosine ends; None: a tenth of the peak lr
+    # Learning rates that follow the swept one at a fixed ratio: (key, ratio) sets key = ratio x lr.
+    scaled_lrs: tuple[tuple[str, float], ...] = ()
 
 
 OPTIMIZERS = (
     Optimizer("adamw", ("optimizer=adamw",), (1e-3, 3e-3, 1e-2)),
-    Optimizer("mars-approx", ("optimizer=mars-adamw",), (3e-3, 1e-2, 3e-2)),
-    Optimizer("mars-exact", ("optimizer=mars-adamw", "optimizer.is_approx=false"), (3e-3, 1e-2, 3e-2)),
-    Optimizer("mars-lion", ("optimizer=mars-lion",), (1e-4, 3e-4, 1e-3)),
-    # float32 Newton-Schulz: this CPU runs bfloat16 matrix products ~10x slower (see mars.reference). Both
-    # parts (Muon, and AdamW at adamw_lr 3e-3 for the rest) decay to one min_lr, as the authors run it.
-    Optimizer("muon", ("optimizer=muon", "optimizer.ns_dtype=float32"), (1e-2, 2e-2, 4e-2), min_lr=3e-4),
+    Optimizer("mars-approx", ("optimizer=mars-adamw",), (3e-3, 1e-2, 3e-2), (("optimizer.lr_1d", 0.5),)),
+    Optimizer("mars-exact", ("optimizer=mars-adamw", "optimizer.is_approx=false"), (3e-3, 1e-2, 3e-2),
+              (("optimizer.lr_1d", 0.5),)),
+    Optimizer("mars-lion", ("optimizer=mars-lion",), (1e-4, 3e-4, 1e-3), (("optimizer.lr_1d", 1.0),)),
+    # float32 Newton-Schulz: this CPU runs bfloat16 matrix products ~10x slower (see mars.reference).
+    Optimizer("muon", ("optimizer=muon", "optimizer.ns_dtype=float32"), (1e-2, 2e-2, 4e-2),
+              (("optimizer.adamw_lr", 0.15),)),
 )
 
 log = logging.getLogger("small_study")
@@ -70,8 +79,8 @@ def run_name(optimizer: Optimizer, lr: float, seed: int | None = None, gamma: fl
 
 
 def overrides(optimizer: Optimizer, lr: float, seed: int | None = None, gamma: float | None = None) -> list[str]:
-    min_lr = optimizer.min_lr if optimizer.min_lr is not None else lr / 10
-    args = [*COMMON, *optimizer.overrides, f"optimizer.lr={lr:g}", f"train.min_lr={min_lr:g}"]
+    args = [*COMMON, *optimizer.overrides, f"optimizer.lr={lr:g}"]
+    args += [f"{key}={ratio * lr:g}" for key, ratio in optimizer.scaled_lrs]
     if gamma is not None:
         args.append(f"optimizer.gamma={gamma:g}")
     if seed is not None:

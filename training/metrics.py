@@ -28,7 +28,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def format_record(record: dict) -> str:
     parts = [f"step {record['step']}"]
     for key, fmt in (("train/loss", ".4f"), ("val/loss", ".4f"), ("lr", ".2e"), ("grad_norm", ".3f"),
-                     ("tokens", ",d"), ("tokens_per_s", ",.0f"), ("step_ms", ".1f"), ("mfu", ".1%"),
+                     ("clipped", ".0%"), ("tokens", ",d"), ("tokens_per_s", ",.0f"), ("step_ms", ".1f"), ("mfu", ".1%"),
                      ("peak_memory_gb", ".2f"), ("skipped_steps", "d"), ("hellaswag/acc_norm", ".3f")):
         if record.get(key) is not None:
             parts.append(f"{key} {record[key]:{fmt}}")

@@ -28,6 +28,12 @@ def resolve_dtype(precision: Precision, device: torch.device) -> torch.dtype:
     return getattr(torch, precision.value)
 
 
+def set_tf32(enabled: bool) -> None:
+    """TF32 for float32 matmuls and cuDNN convolutions on CUDA (no effect on CPUs): the MARS authors' setting."""
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
 def autocast_context(device: torch.device, dtype: torch.dtype):
     if dtype == torch.float32:
         return contextlib.nullcontext()

@@ -59,6 +59,8 @@ def test_preset_keeps_the_authors_fixed_settings(name):
     m, t = cfg.model, cfg.train
     assert (m.bias, m.dropout, m.block_size, t.block_size) == (False, 0.0, 1024, 1024)
     assert cfg.optimizer.decay_embeddings is False
+    # Their model's tanh GELU (MARS/model.py:20-25) and TF32 (MARS/train_mars.py:127-128).
+    assert (m.activation, m.scale_attn_by_inverse_layer_idx, t.tf32) == ("gelu_tanh", True, True)
     assert (t.lr_schedule.value, t.warmup_iters, t.decay_iters, t.grad_clip) == ("cosine", 2000, None, 1.0)
     # 480 sequences of 1024 tokens per step: 491,520 tokens, as in the authors' scripts on 8 GPUs.
     assert t.global_batch_size == 480
@@ -93,7 +95,11 @@ def test_preset_uses_the_authors_hyperparameters(name):
     expected = dict(AUTHORS[parts["size"], parts["optimizer"].split("-")[0]])
     cfg = load(f"experiment={name}")
     # Per-GPU batch and accumulation on the authors' 8 GPUs.
-    assert (cfg.train.batch_size, grad_accum_steps_for(cfg.train, world_size=8)) == expected.pop("batch")
+    batch_size, accumulation = expected.pop("batch")
+    assert (cfg.train.batch_size, grad_accum_steps_for(cfg.train, world_size=8)) == (batch_size, accumulation)
+    # Their loop sums the micro-batch gradients of each GPU without dividing (MARS/train_mars.py:378-391) and
+    # DDP averages the GPUs: the optimizer sees their accumulation steps times the mean gradient.
+    assert cfg.train.grad_multiplier == accumulation
     assert cfg.train.min_lr == expected.pop("min_lr")
     for key, value in expected.items():
         actual = cfg.optimizer[key]

@@ -89,3 +89,24 @@ def test_inverse_layer_scaling_divides_each_layers_attention_scores_by_its_depth
     scores = scores.masked_fill(torch.triu(torch.ones(8, 8, dtype=torch.bool), 1), float("-inf"))
     expected = attention.c_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 8, 16))
     torch.testing.assert_close(attention(x), expected)
+
+
+def authors_new_gelu(x):
+    """The MARS authors' MLP activation (AGI-Arena/MARS MARS/model.py:20-25), written from its formula."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def test_gelu_tanh_is_the_authors_activation_and_differs_from_exact_gelu():
+    x = torch.linspace(-6, 6, 2001, dtype=torch.float64)
+    tanh_mlp = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=10, activation="gelu_tanh"))
+    exact_mlp = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=10))
+    tanh_gelu, exact_gelu = tanh_mlp.transformer.h[0].mlp.gelu, exact_mlp.transformer.h[0].mlp.gelu
+    torch.testing.assert_close(tanh_gelu(x), authors_new_gelu(x), rtol=1e-12, atol=1e-12)
+    # The two GELUs differ by up to ~1e-3 (near |x| = 2): a real difference, not rounding.
+    assert (tanh_gelu(x) - exact_gelu(x)).abs().max() > 1e-4
+    torch.testing.assert_close(exact_gelu(x), 0.5 * x * (1 + torch.erf(x / math.sqrt(2))), rtol=1e-12, atol=1e-12)
+
+
+def test_unknown_activation_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match="activation must be one of gelu, gelu_tanh"):
+        GPTConfig(activation="relu")

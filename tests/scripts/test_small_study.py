@@ -55,11 +55,22 @@ def test_the_sweep_extends_past_the_edge_that_holds_the_best_lr(tmp_path, make_r
         for lr, loss in zip(o.lrs, (6.0, 6.5, 7.0) if o is adamw else (6.5, 6.0, 6.5)):
             finished_run(make_run, tmp_path, o, lr, loss)
     assert list(small_study.extension_jobs(tmp_path)) == ["adamw_lr0.0003"]
-    finished_run(make_run, tmp_path, adamw, 3e-4, 5.9)  # better still: one more step down
-    assert list(small_study.extension_jobs(tmp_path)) == ["adamw_lr0.0001"]
-    finished_run(make_run, tmp_path, adamw, 1e-4, 5.8)  # and the limit of two extensions is reached
-    assert small_study.extension_jobs(tmp_path) == {}
-    assert small_study.best_lr(adamw, tmp_path) == 1e-4
+    finished_run(make_run, tmp_path, adamw, 3e-4, 5.9)  # better still, but the limit of one extension is reached
+    assert small_study.MAX_EXTENSIONS == 1 and small_study.extension_jobs(tmp_path) == {}
+    assert small_study.best_lr(adamw, tmp_path) == 3e-4
+
+
+def test_every_run_has_the_presets_treatment_and_its_second_lr_follows_the_swept_one():
+    by_name = {o.name: o for o in small_study.OPTIMIZERS}
+    for name, key, ratio in (("mars-approx", "lr_1d", 0.5), ("mars-exact", "lr_1d", 0.5), ("muon", "adamw_lr", 0.15)):
+        for lr in by_name[name].lrs:
+            cfg = compose_run(small_study.overrides(by_name[name], lr))
+            assert cfg.optimizer[key] == pytest.approx(ratio * lr)
+    for o in small_study.OPTIMIZERS:
+        cfg = compose_run(small_study.overrides(o, o.lrs[0]))
+        assert (cfg.model.activation, cfg.model.scale_attn_by_inverse_layer_idx) == ("gelu_tanh", True)
+        assert (cfg.train.min_lr, cfg.train.grad_multiplier) == (3e-5, 4)
+        assert o.name == "muon" or cfg.optimizer.decay_embeddings is False
 
 
 def test_only_restricts_the_runs_to_the_named_optimizers_in_their_order(tmp_path, capsys):

@@ -33,6 +33,8 @@ def losses(records, key):
 def test_two_gloo_ranks_train_like_one_process_with_doubled_accumulation(tmp_path, optimizer):
     # Muon: the two ranks share out the Newton-Schulz work; float32 keeps this 1-layer run fast on a CPU.
     extra = ["optimizer.ns_dtype=float32"] if optimizer == "muon" else []
+    # The authors' summed gradients (4x the mean) must not depend on how the batch is split into ranks either.
+    extra += ["train.grad_multiplier=4"] if optimizer == "mars-adamw" else []
     # HellaSwag too: the two ranks score alternate items and add up their counts.
     extra += ["train.hellaswag_interval=2", f"train.hellaswag_file={REPO / 'tests/evaluation/hellaswag_sample.jsonl'}"]
     # One global batch of 8 sequences of 2: accumulation 4 in one process, 2 on each of two ranks (no_sync on
@@ -43,6 +45,7 @@ def test_two_gloo_ranks_train_like_one_process_with_doubled_accumulation(tmp_pat
                         "train.global_batch_size=8", *extra)
     assert losses(two, "train/loss") == pytest.approx(losses(one, "train/loss"), rel=1e-6)
     assert losses(two, "val/loss") == pytest.approx(losses(one, "val/loss"), rel=1e-6)
+    assert losses(two, "grad_norm") == pytest.approx(losses(one, "grad_norm"), rel=1e-5)
     assert len(losses(one, "hellaswag/acc_norm")) == 2
     assert losses(two, "hellaswag/acc_norm") == losses(one, "hellaswag/acc_norm")
     assert [r["tokens"] for r in two] == [r["tokens"] for r in one]  # the global batch counts every rank
