@@ -101,6 +101,8 @@ class MuonConfig(OptimizerConfig):
     adamw_weight_decay: float = 0.1
     # The authors' bfloat16; float32 runs ~10x faster on CPUs that lack bfloat16 matrix units.
     ns_dtype: str = "bfloat16"
+    adamw_variant: str = "authors"  # AdamW of the non-2-D tensors: the authors' (MARS optimizers/adamw.py) or torch
+    update_dtype: str = "bfloat16"  # Muon's updates rounded to bfloat16 before they apply (the authors') or float32
 
 
 @dataclass

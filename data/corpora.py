@@ -15,6 +15,10 @@ class HubCorpus:
     path: str  # the Hub dataset id
     config: str | None = None  # the Hub dataset's config ("subset"), if it has several
     text_column: str = "text"
+    # The validation split of the reference preparation the paper's numbers come from (``data.prepare --split``).
+    split: str = "first-documents"
+    # How many documents the reference preparation saw, when known: the nanogpt split's permutation depends on it.
+    documents: int | None = None
 
     @property
     def directory_name(self) -> str:
@@ -23,8 +27,11 @@ class HubCorpus:
 
 FINEWEB_EDU_SAMPLES = ("sample-10BT", "sample-100BT")
 HUB_CORPORA = {
-    "openwebtext": HubCorpus("openwebtext", "Skylion007/openwebtext"),
-    "fineweb-edu": HubCorpus("fineweb-edu", "HuggingFaceFW/fineweb-edu", config=FINEWEB_EDU_SAMPLES[0]),
+    # nanoGPT's data/openwebtext/prepare.py: 8,009,762 train + 4,007 val documents.
+    "openwebtext": HubCorpus("openwebtext", "Skylion007/openwebtext", split="nanogpt", documents=8_013_769),
+    # llm.c's dev/data/fineweb.py, which the MARS authors' FineWeb-Edu trainer reads.
+    "fineweb-edu": HubCorpus("fineweb-edu", "HuggingFaceFW/fineweb-edu", config=FINEWEB_EDU_SAMPLES[0],
+                             split="llm.c"),
 }
 
 

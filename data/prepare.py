@@ -5,32 +5,52 @@
     python -m data.prepare files notes.txt more.jsonl --out ~/data/mine   # .txt, .jsonl/.json, .parquet
 
 Every source takes the same path; only the ``datasets.load_dataset`` call differs. Documents are streamed in
-their stored order (the full corpus never has to be on disk before tokenizing), tokenized in that order by a
-pool of workers with GPT-2's encoding, each document *preceded* by ``<|endoftext|>`` (llm.c's convention),
-and cut into shards of ``--shard-size`` tokens in the llm.c format (``data/shards.py``); a document may span
-two shards. The first documents, up to ``--val-tokens`` tokens (whole documents), are the held-out
-validation split ``val_000000.bin, ...``; the rest is ``train_000000.bin, ...``. A ``.txt`` file is one
-document; a ``.jsonl``/``.json``/``.parquet`` file holds one document per row in ``--text-column``.
+their stored order (the full corpus never has to be on disk before tokenizing), tokenized by a pool of workers
+with GPT-2's encoding (``encode_ordinary``: a literal ``<|endoftext|>`` in a text is ordinary text) and cut into
+shards of ``--shard-size`` tokens in the llm.c format (``data/shards.py``), ``val_000000.bin, ...`` and
+``train_000000.bin, ...``; a document may span two shards. A ``.txt`` file is one document; a
+``.jsonl``/``.json``/``.parquet`` file holds one document per row in ``--text-column``.
 
-``manifest.json`` records the source, tokenizer, vocabulary size, token counts, the largest token id and every
-shard together with where the next shard starts (document index, token offset). It is rewritten after each
-shard, so an interrupted run continues after its last finished shard when rerun with the same arguments:
-the output depends only on the input order and the settings, never on the number of workers.
+``--split`` names the rule that makes the validation split; each Hub corpus defaults to the preparation the MARS
+authors evaluated on, so that validation losses are comparable with the paper's:
+
+- ``nanogpt`` (openwebtext; nanoGPT's ``data/openwebtext/prepare.py``): ``<|endoftext|>`` *after* each document;
+  ``datasets``' ``train_test_split(test_size=0.0005, seed=2357, shuffle=True)`` over all documents picks the
+  validation documents, written in the split's (shuffled) order, exactly nanoGPT's ``val.bin``. The permutation
+  depends only on the number of documents, so it is computed by ``datasets`` on a stand-in of that length: the
+  stream yields the rows in the order a map-style ``load_dataset`` stores them (both read the same data files in
+  the same order), and the stream is checked to hold exactly that many documents. The train documents are
+  nanoGPT's too, but in stream order, not in its shuffled order: a stream cannot be permuted without holding it,
+  and random-window sampling makes the order irrelevant to training.
+- ``llm.c`` (fineweb-edu; llm.c's ``dev/data/fineweb.py``, read by the MARS authors' FineWeb-Edu trainer):
+  ``<|endoftext|>`` *before* each document; the first ``--val-tokens`` tokens of the stream (default 100M, llm.c's
+  shard size), the last document cut there, are the validation split, the rest is train. With the default sizes
+  ``val_000000.bin`` is byte for byte llm.c's shard 0 (``edu_fineweb_val_000000.bin``, which the MARS trainer
+  reads as ``fineweb_val_000000.bin``) and ``train_{k:06d}.bin`` its shard ``k + 1``.
+- ``first-documents`` (files): ``<|endoftext|>`` before each document; the first whole documents, until they
+  reach ``--val-tokens`` tokens (default 10M), are the validation split, the rest is train.
+
+``manifest.json`` records the source, tokenizer, vocabulary size, the split rule, token counts, the largest token
+id and every shard together with where the next shard starts (document position in the output order, token
+offset). It is rewritten after each shard, so an interrupted run continues after its last finished shard when
+rerun with the same arguments: the output depends only on the input order and the settings, never on the number
+of workers.
 """
 import argparse
-import itertools
+import bisect
+import functools
 import logging
 import multiprocessing
 import os
 import shlex
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
-from datasets import load_dataset
+from datasets import Dataset, load_dataset
 from tqdm import tqdm
 
 from data.corpora import FINEWEB_EDU_SAMPLES, HUB_CORPORA, HubCorpus, default_directory
@@ -40,12 +60,132 @@ from data.tokenizer import GPT2_EOT_TOKEN, GPT2_VOCAB_SIZE, gpt2_encoding
 log = logging.getLogger(__name__)
 
 DEFAULT_SHARD_SIZE = 100_000_000  # tokens per shard, as llm.c: 200 MB of uint16
-DEFAULT_VAL_TOKENS = 10_000_000
 FILE_FORMATS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-SPLITS = ("val", "train")  # in stream order: validation documents come first
+SPLITS = ("val", "train")
 # What the output depends on; a rerun into the same directory must match these to resume.
-SETTINGS_KEYS = ("source", "tokenizer", "vocab_size", "eot_token", "document_separator", "shard_size",
-                 "val_tokens")
+SETTINGS_KEYS = ("source", "tokenizer", "vocab_size", "eot_token", "document_separator", "split", "shard_size")
+
+
+@dataclass(frozen=True)
+class FirstDocuments:
+    """The first whole documents, until they reach ``val_tokens`` tokens, are val; ``<|endoftext|>`` before each."""
+
+    val_tokens: int = 10_000_000
+    name = "first-documents"
+    eot_first = True
+    documents = None  # the order is the stream's, whatever its length
+
+    def settings(self) -> dict:
+        return {"rule": self.name, "val_tokens": self.val_tokens,
+                "description": f"first whole documents up to {self.val_tokens:,} tokens, EOT prepended"}
+
+    def position(self, index: int) -> int:
+        return index
+
+    def route(self, writer: "ShardWriter", document: int, tokens: np.ndarray, start: int) -> None:
+        # A document resumed in its middle stays in the split it started in.
+        if start == 0:
+            split = "val" if writer.tokens["val"] < self.val_tokens else "train"
+        else:
+            split = writer.split
+        writer.add(split, document, tokens, start)
+
+
+@dataclass(frozen=True)
+class LlmcSplit(FirstDocuments):
+    """llm.c's dev/data/fineweb.py: the first ``val_tokens`` tokens are val, the document there cut in two."""
+
+    val_tokens: int = DEFAULT_SHARD_SIZE
+    name = "llm.c"
+
+    def settings(self) -> dict:
+        return {"rule": self.name, "val_tokens": self.val_tokens,
+                "description": f"llm.c: first {self.val_tokens:,} tokens (last document cut), EOT prepended"}
+
+    def route(self, writer: "ShardWriter", document: int, tokens: np.ndarray, start: int) -> None:
+        cut = start + min(len(tokens) - start, max(0, self.val_tokens - writer.tokens["val"]))
+        if cut > start:
+            writer.add("val", document, tokens, start, cut)
+        if cut < len(tokens):
+            writer.add("train", document, tokens, cut)
+
+
+@dataclass(frozen=True)
+class NanoGPTSplit:
+    """nanoGPT's data/openwebtext/prepare.py: ``train_test_split(test_size, seed, shuffle=True)``, EOT appended.
+
+    The output order puts the train documents first, in stream order, then the val documents in the split's
+    order: position ``p < train_documents`` is the ``p``-th train document of the stream, position
+    ``train_documents + r`` the ``r``-th document of the test split.
+    """
+
+    test_size: float = 0.0005
+    seed: int = 2357
+    documents: int | None = None  # the corpus' document count, which the permutation depends on
+    name = "nanogpt"
+    eot_first = False
+
+    def settings(self) -> dict:
+        return {"rule": self.name, "test_size": self.test_size, "seed": self.seed,
+                "description": f"nanogpt: train_test_split(test_size={self.test_size}, seed={self.seed}, "
+                               "shuffle=True), EOT appended; val in the split's order, train in stream order"}
+
+    @functools.cached_property
+    def val_documents(self) -> list[int]:
+        """Stream indices of the val documents in the split's order, as ``datasets`` itself computes them."""
+        stand_in = Dataset.from_dict({"document": np.arange(self.documents)})
+        split = stand_in.train_test_split(test_size=self.test_size, seed=self.seed, shuffle=True)
+        return list(split["test"]["document"])
+
+    @functools.cached_property
+    def _val_rank(self) -> dict[int, int]:
+        return {index: rank for rank, index in enumerate(self.val_documents)}
+
+    @functools.cached_property
+    def _sorted_val_documents(self) -> list[int]:
+        return sorted(self.val_documents)
+
+    @property
+    def train_documents(self) -> int:
+        return self.documents - len(self.val_documents)
+
+    def position(self, index: int) -> int:
+        if index >= self.documents:
+            raise ValueError(f"the source holds more than the {self.documents:,} documents the nanogpt split was "
+                             "computed for, so its validation split cannot be nanoGPT's")
+        rank = self._val_rank.get(index)
+        if rank is not None:
+            return self.train_documents + rank
+        return index - bisect.bisect_left(self._sorted_val_documents, index)
+
+    def route(self, writer: "ShardWriter", document: int, tokens: np.ndarray, start: int) -> None:
+        writer.add("train" if document < self.train_documents else "val", document, tokens, start)
+
+
+SplitRule = NanoGPTSplit | LlmcSplit | FirstDocuments
+SPLIT_RULES = {rule.name: rule for rule in (NanoGPTSplit, LlmcSplit, FirstDocuments)}
+
+
+def split_rule(name: str, *, val_tokens: int | None = None, test_size: float | None = None) -> SplitRule:
+    """The split rule ``name`` with its parameters; the one that does not apply to it must be None."""
+    if name not in SPLIT_RULES:
+        raise ValueError(f"unknown split rule {name!r}; use one of {', '.join(SPLIT_RULES)}")
+    if name == NanoGPTSplit.name:
+        if val_tokens is not None:
+            raise ValueError("--val-tokens does not apply to the nanogpt split, which holds out --test-size of "
+                             "the documents")
+        if test_size is None:
+            return NanoGPTSplit()
+        if not 0 < test_size < 1:
+            raise ValueError(f"--test-size must lie in (0, 1), got {test_size}")
+        return NanoGPTSplit(test_size=test_size)
+    if test_size is not None:
+        raise ValueError(f"--test-size applies to the nanogpt split only; the {name} split holds out --val-tokens")
+    if val_tokens is None:
+        return SPLIT_RULES[name]()
+    if val_tokens <= 0:
+        raise ValueError(f"--val-tokens must be positive, got {val_tokens}")
+    return SPLIT_RULES[name](val_tokens=val_tokens)
 
 
 def hub_source(corpus: HubCorpus) -> dict:
@@ -94,60 +234,75 @@ def load_documents(source: dict) -> Iterator[str]:
         yield row[column]
 
 
-def tokenize_document(text: str) -> np.ndarray:
-    tokens = [GPT2_EOT_TOKEN]
-    tokens.extend(gpt2_encoding().encode_ordinary(text))
+def count_documents(source: dict) -> int:
+    log.info("counting the documents (the nanogpt split depends on their number): one extra pass over the corpus")
+    return sum(1 for _ in load_documents(source))
+
+
+def tokenize_document(text: str, eot_first: bool = True) -> np.ndarray:
+    """GPT-2 tokens of ``text`` with ``<|endoftext|>`` before (llm.c) or after (nanoGPT) them."""
+    tokens = gpt2_encoding().encode_ordinary(text)
+    tokens = [GPT2_EOT_TOKEN, *tokens] if eot_first else [*tokens, GPT2_EOT_TOKEN]
     return np.array(tokens, dtype=np.uint16)
 
 
-def tokenize_documents(texts: Iterable[str], workers: int) -> Iterator[np.ndarray]:
-    """Token arrays in document order, whatever the number of workers."""
+def _tokenize_numbered(numbered_text: tuple[int, str], eot_first: bool) -> tuple[int, np.ndarray]:
+    number, text = numbered_text
+    return number, tokenize_document(text, eot_first)
+
+
+def tokenize_documents(numbered_texts: Iterable[tuple[int, str]], workers: int,
+                       eot_first: bool = True) -> Iterator[tuple[int, np.ndarray]]:
+    """(number, token array) pairs in input order, whatever the number of workers."""
+    tokenize = functools.partial(_tokenize_numbered, eot_first=eot_first)
     if workers == 1:
-        yield from map(tokenize_document, texts)
+        yield from map(tokenize, numbered_texts)
         return
     with multiprocessing.Pool(workers) as pool:
-        yield from pool.imap(tokenize_document, texts, chunksize=16)
+        yield from pool.imap(tokenize, numbered_texts, chunksize=16)
 
 
 class ShardWriter:
-    """Cuts the document stream into val then train shards and records each one in the manifest."""
+    """Cuts the val and train token streams into shards and records each one in the manifest.
+
+    Positions are (document, token offset) in the output order of the documents; each shard records the
+    position of the token after its last one, which is where a resumed run starts.
+    """
 
     def __init__(self, out: Path, manifest: dict) -> None:
-        self.out, self.manifest = out, manifest
-        self.shard_size, self.val_tokens = manifest["shard_size"], manifest["val_tokens"]
+        self.out, self.manifest, self.shard_size = out, manifest, manifest["shard_size"]
         shards = manifest["shards"]
         self.split = shards[-1]["split"] if shards else None
-        self.val_assigned = sum(s["tokens"] for s in shards if s["split"] == "val")
+        self.tokens = {split: sum(s["tokens"] for s in shards if s["split"] == split) for split in SPLITS}
         self.next_document, self.next_offset = (
             (shards[-1]["next_document"], shards[-1]["next_offset"]) if shards else (0, 0)
         )
         self.buffer: list[np.ndarray] = []
         self.buffered = 0
 
-    def add(self, document: int, tokens: np.ndarray, offset: int = 0) -> None:
-        """Append document ``document``'s tokens from token ``offset`` on (non-zero only when resuming)."""
-        if offset == 0:
-            split = "val" if self.val_assigned < self.val_tokens else "train"
-            if split != self.split:
-                self._write(end=(document, 0))
-                self.split = split
-        if self.split == "val":
-            self.val_assigned += len(tokens)
-        end_of_document = offset + len(tokens)
-        position = offset
-        while position < end_of_document:
-            take = min(self.shard_size - self.buffered, end_of_document - position)
-            self.buffer.append(tokens[position - offset : position - offset + take])
+    def add(self, split: str, document: int, tokens: np.ndarray, start: int = 0, stop: int | None = None) -> None:
+        """Append ``tokens[start:stop]`` of document ``document`` (all its tokens) to ``split``."""
+        stop = len(tokens) if stop is None else stop
+        if split != self.split:
+            self._write()  # the other split's last shard ends here
+            self.split = split
+        position = start
+        while position < stop:
+            take = min(self.shard_size - self.buffered, stop - position)
+            self.buffer.append(tokens[position : position + take])
             self.buffered += take
+            self.tokens[split] += take
             position += take
+            self.next_document, self.next_offset = (
+                (document, position) if position < len(tokens) else (document + 1, 0)
+            )
             if self.buffered == self.shard_size:
-                self._write(end=(document, position) if position < end_of_document else (document + 1, 0))
-        self.next_document = document + 1
+                self._write()
 
     def finish(self) -> None:
-        self._write(end=(self.next_document, 0))
+        self._write()
 
-    def _write(self, end: tuple[int, int]) -> None:
+    def _write(self) -> None:
         if not self.buffered:
             return
         tokens = np.concatenate(self.buffer)
@@ -155,8 +310,8 @@ class ShardWriter:
         name = f"{self.split}_{index:06d}.bin"
         write_shard(self.out / name, tokens)
         self.manifest["shards"].append({"file": name, "split": self.split, "tokens": int(tokens.size),
-                                        "max_token_id": int(tokens.max()), "next_document": end[0],
-                                        "next_offset": end[1]})
+                                        "max_token_id": int(tokens.max()), "next_document": self.next_document,
+                                        "next_offset": self.next_offset})
         write_manifest(self.out, self.manifest)
         self.buffer, self.buffered = [], 0
 
@@ -192,40 +347,74 @@ def _start_or_resume(out: Path, settings: dict) -> dict:
     return manifest
 
 
-def prepare(source: dict, out: str | os.PathLike, *, shard_size: int = DEFAULT_SHARD_SIZE,
-            val_tokens: int = DEFAULT_VAL_TOKENS, workers: int | None = None, command: str = "") -> dict:
-    """Tokenize ``source`` into shards under ``out`` (resuming an interrupted run); returns the manifest."""
-    if shard_size <= 0 or val_tokens <= 0:
-        raise ValueError(f"--shard-size ({shard_size}) and --val-tokens ({val_tokens}) must be positive")
+def _numbered_texts(source: dict, rule: SplitRule, start: int) -> Iterator[tuple[int, str]]:
+    """(position in the output order, text) of the documents at ``start`` or later, in stream order."""
+    index = -1
+    for index, text in enumerate(load_documents(source)):
+        position = rule.position(index)
+        if position >= start:
+            yield position, text
+    if rule.documents is not None and index + 1 != rule.documents:
+        raise ValueError(f"the source holds {index + 1:,} documents, not the {rule.documents:,} the {rule.name} "
+                         "split was computed for, so its validation split cannot be the reference one")
+
+
+def _write_documents(writer: ShardWriter, rule: SplitRule, source: dict, workers: int, progress: tqdm) -> int:
+    """Tokenize the documents from the writer's position on into its shards; returns how many tokens it added."""
+    start, start_offset = writer.next_document, writer.next_offset
+    added = 0
+    # Documents come in stream order and leave in output order: only the nanogpt val documents wait, until the
+    # train documents before them in the output order are written.
+    waiting, document = {}, start
+    for position, tokens in tokenize_documents(_numbered_texts(source, rule, start), workers, rule.eot_first):
+        waiting[position] = tokens
+        while document in waiting:
+            tokens = waiting.pop(document)
+            offset = start_offset if document == start else 0
+            rule.route(writer, document, tokens, offset)
+            added += len(tokens) - offset
+            progress.update(len(tokens) - offset)
+            document += 1
+    writer.finish()
+    return added
+
+
+def prepare(source: dict, out: str | os.PathLike, *, split: str = FirstDocuments.name,
+            shard_size: int = DEFAULT_SHARD_SIZE, val_tokens: int | None = None, test_size: float | None = None,
+            documents: int | None = None, workers: int | None = None, command: str = "") -> dict:
+    """Tokenize ``source`` into shards under ``out`` (resuming an interrupted run); returns the manifest.
+
+    ``split`` names the rule (``nanogpt``, ``llm.c``, ``first-documents``); ``val_tokens`` parameterizes the last
+    two, ``test_size`` the first. ``documents``, the number of documents of the source if known, saves the nanogpt
+    rule a counting pass.
+    """
+    rule = split_rule(split, val_tokens=val_tokens, test_size=test_size)
+    if shard_size <= 0:
+        raise ValueError(f"--shard-size must be positive, got {shard_size}")
     if workers is None:
         workers = os.cpu_count() or 1
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}")
     out = Path(out).expanduser()
+    separator = "<|endoftext|> " + ("before" if rule.eot_first else "after") + " each document"
     settings = {"source": source, "tokenizer": "gpt2", "vocab_size": GPT2_VOCAB_SIZE, "eot_token": GPT2_EOT_TOKEN,
-                "document_separator": "<|endoftext|> before each document", "shard_size": shard_size,
-                "val_tokens": val_tokens}
+                "document_separator": separator, "split": rule.settings(), "shard_size": shard_size}
     manifest = _start_or_resume(out, settings)
     if manifest["complete"]:
         log.info("%s is already prepared (%s)", out, manifest["tokens"])
         return manifest
     manifest["command"] = command or manifest.get("command", "")
+    if isinstance(rule, NanoGPTSplit):
+        manifest["documents"] = manifest.get("documents") or documents or count_documents(source)
+        rule = replace(rule, documents=manifest["documents"])
     writer = ShardWriter(out, manifest)
-    start_document, start_offset = writer.next_document, writer.next_offset
     if manifest["shards"]:
         log.info("resuming %s after %d finished shards, at document %d", out, len(manifest["shards"]),
-                 start_document)
+                 writer.next_document)
     done_tokens = sum(s["tokens"] for s in manifest["shards"])
     started = time.perf_counter()
-    new_tokens = 0
-    texts = itertools.islice(load_documents(source), start_document, None)
     with tqdm(desc=f"tokenizing into {out}", unit="tok", unit_scale=True, initial=done_tokens) as progress:
-        for document, tokens in enumerate(tokenize_documents(texts, workers), start=start_document):
-            offset = start_offset if document == start_document else 0
-            writer.add(document, tokens[offset:], offset)
-            new_tokens += len(tokens) - offset
-            progress.update(len(tokens) - offset)
-    writer.finish()
+        new_tokens = _write_documents(writer, rule, source, workers, progress)
     seconds = time.perf_counter() - started
     _complete(out, manifest, writer.next_document)
     log.info("%s: %s tokens in %d shards; tokenized %d tokens in %.1f s (%.0f tokens/s, %.0f per worker)",
@@ -238,7 +427,7 @@ def _complete(out: Path, manifest: dict, documents: int) -> None:
     tokens = {split: sum(s["tokens"] for s in manifest["shards"] if s["split"] == split) for split in SPLITS}
     if not tokens["train"]:
         raise ValueError(f"the corpus has only {tokens['val']} tokens, all held out for validation "
-                         f"(--val-tokens {manifest['val_tokens']}): delete {out} and lower --val-tokens")
+                         f"({manifest['split']['description']}): delete {out} and lower --val-tokens")
     manifest.update(complete=True, documents=documents, tokens=tokens,
                     max_token_id=max(s["max_token_id"] for s in manifest["shards"]))
     write_manifest(out, manifest)
@@ -248,9 +437,15 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--out", type=Path, help="output directory (default for hub corpora: under "
                                                  "$MARS_DATA_CACHE or ~/.cache/mars-gpt2, where data=<name> looks)")
+    common.add_argument("--split", choices=SPLIT_RULES, default=None,
+                        help="validation split rule (default: nanogpt for openwebtext, llm.c for fineweb-edu, "
+                             "first-documents for files)")
+    common.add_argument("--val-tokens", type=int, default=None,
+                        help="llm.c and first-documents: tokens held out from the start as the validation split "
+                             f"(default {LlmcSplit.val_tokens:,} and {FirstDocuments.val_tokens:,})")
+    common.add_argument("--test-size", type=float, default=None,
+                        help=f"nanogpt: fraction of the documents held out (default {NanoGPTSplit.test_size})")
     common.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE, help="tokens per shard")
-    common.add_argument("--val-tokens", type=int, default=DEFAULT_VAL_TOKENS,
-                        help="tokens (whole documents, from the start) held out as the validation split")
     common.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: all cores)")
     parser = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__.split("\n\n")[0])
     sources = parser.add_subparsers(dest="source", required=True)
@@ -272,12 +467,15 @@ def main(argv: list[str] | None = None) -> None:
             if args.out is None:
                 raise ValueError("files needs --out DIR: the directory to write the shards to")
             source, out = files_source(args.paths, args.text_column), args.out
+            split, documents = args.split or FirstDocuments.name, None
         else:
             corpus = HUB_CORPORA[args.source]
             if args.source == "fineweb-edu":
                 corpus = replace(corpus, config=args.sample)
             source, out = hub_source(corpus), args.out or default_directory(corpus)
-        prepare(source, out, shard_size=args.shard_size, val_tokens=args.val_tokens, workers=args.workers,
+            split, documents = args.split or corpus.split, corpus.documents
+        prepare(source, out, split=split, shard_size=args.shard_size, val_tokens=args.val_tokens,
+                test_size=args.test_size, documents=documents, workers=args.workers,
                 command=shlex.join(["python", "-m", "data.prepare", *argv]))
     except (ValueError, FileNotFoundError, ConnectionError) as err:
         raise SystemExit(f"error: {err}") from None

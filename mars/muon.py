@@ -1,5 +1,6 @@
 """Muon, the baseline of the MARS paper, as its authors ran it (AGI-Arena/MARS ``optimizers/muon.py``,
-adapted from KellerJordan/modded-nanogpt), with AdamW for the tensors that are not 2-D in the same object."""
+adapted from KellerJordan/modded-nanogpt), with their AdamW for the tensors that are not 2-D in the same object."""
+import inspect
 from typing import Any
 
 import torch
@@ -18,6 +19,11 @@ from mars.optimizer import (
     restore_float32_state,
 )
 
+ADAMW_VARIANTS = ("authors", "torch")
+UPDATE_DTYPES = (torch.bfloat16, torch.float32)
+# Options added after the first Muon was saved: a pickle from before lacks them even in ``defaults``.
+ADDED_OPTIONS = ("adamw_variant", "update_dtype")
+
 
 class Muon(torch.optim.Optimizer):
     r"""MomentUm Orthogonalized by Newton-Schulz (Jordan et al., 2024), the Muon baseline of arXiv 2411.10438.
@@ -27,20 +33,34 @@ class Muon(torch.optim.Optimizer):
     .. math::
         b_t &= \mu b_{t-1} + g_t \\
         d_t &= g_t + \mu b_t \ \text{(nesterov)} \quad\text{or}\quad d_t = b_t \\
-        x_{t+1} &= x_t (1 - \eta_t \lambda) - \eta_t \, \mathrm{NS}_k(d_t) \sqrt{\max(1, rows/cols)}
+        u_t &= \mathrm{round}\big(\mathrm{NS}_k(d_t) \sqrt{\max(1, rows/cols)}\big) \\
+        x_{t+1} &= x_t (1 - \eta_t \lambda) - \eta_t u_t
 
     where :math:`\mathrm{NS}_k` is :func:`mars.reference.newton_schulz5` with ``ns_steps`` iterations in
-    ``ns_dtype`` (the authors' bfloat16 by default; float32 is ~10x faster on CPUs without bfloat16 units). Other
-    tensors take AdamW (:func:`mars.reference.adamw_step`) with ``adamw_betas``, ``adamw_eps``,
+    ``ns_dtype`` (the authors' bfloat16 by default; float32 is ~10x faster on CPUs without bfloat16 units) and
+    round is to ``update_dtype``. Other tensors take AdamW with ``adamw_betas``, ``adamw_eps``,
     ``adamw_weight_decay`` and learning rate :math:`\eta_t \cdot` ``adamw_lr / lr``, so one schedule on
     ``group['lr']`` drives both (the trainer instead updates ``adamw_lr_ratio`` every step so that both parts decay
     to the same min_lr, as the authors' trainer does: ``training.schedule.apply_schedule``). State is float32
     whatever the parameter dtype.
 
+    Two options default to the authors' (``MARS/train_muon.py:209-217`` combines their ``optimizers/adamw.py``
+    and ``optimizers/muon.py``); ``adamw_variant="torch"`` and ``update_dtype=torch.float32`` give torch's AdamW
+    and float32 updates instead:
+
+    * ``adamw_variant="authors"``: their AdamW (:func:`mars.reference.authors_adamw_step`), whose eps is added to
+      the uncorrected :math:`\sqrt{v_t}` and whose weight decay is scaled by the bias-corrected step size
+      (``adamw.py:112-122``); ``"torch"``: torch's AdamW (:func:`mars.reference.adamw_step`).
+    * ``update_dtype=torch.bfloat16``: as their Muon, Newton-Schulz normalises the ``ns_dtype`` copy of
+      :math:`d_t` by its own norm (``muon.py:26-27``), and the update is scaled and rounded in bfloat16 before it
+      is applied in float32 (``muon.py:87,104-116``); ``torch.float32`` normalises by the float32 norm of
+      :math:`d_t` and keeps the update float32. (Their Newton-Schulz ran under ``torch.compile``, whose fused
+      kernels may round bfloat16 differently; this one runs eager, op by op as their code reads.)
+
     Same-shaped matrices are orthogonalised as one batch. Under DDP, pass ``process_group`` (every rank must
-    hold the same gradients): each rank then orthogonalises a share of the matrices, balanced by cost, and
-    one all-reduce gives everyone every update, as the authors' multi-GPU code does; theirs rounds the
-    updates to bfloat16 in that buffer, this one keeps float32, so N ranks step exactly as one process does.
+    hold the same gradients): each rank then orthogonalises a share of the matrices, balanced by cost, and one
+    all-reduce of an ``update_dtype`` buffer gives everyone every update, as the authors' multi-GPU code does
+    with bfloat16 (``muon.py:87-110``). Adding zeros is exact, so N ranks step exactly as one process does.
     """
 
     def __init__(
@@ -57,6 +77,8 @@ class Muon(torch.optim.Optimizer):
         adamw_weight_decay: float = 0.1,
         ns_dtype: torch.dtype = torch.bfloat16,
         process_group: dist.ProcessGroup | None = None,
+        adamw_variant: str = "authors",
+        update_dtype: torch.dtype = torch.bfloat16,
     ):
         if not lr > 0.0:
             raise ValueError(f"lr must be > 0 (adamw_lr is applied as the ratio adamw_lr / lr), got {lr!r}")
@@ -64,7 +86,8 @@ class Muon(torch.optim.Optimizer):
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, weight_decay=weight_decay,
             adamw_lr_ratio=adamw_lr / lr, adamw_betas=adamw_betas, adamw_eps=adamw_eps,
-            adamw_weight_decay=adamw_weight_decay, ns_dtype=ns_dtype,
+            adamw_weight_decay=adamw_weight_decay, ns_dtype=ns_dtype, adamw_variant=adamw_variant,
+            update_dtype=update_dtype,
         )
         super().__init__(params, defaults)
         # Not a hyperparameter: kept out of param_groups, which state_dict() saves.
@@ -85,6 +108,11 @@ class Muon(torch.optim.Optimizer):
             raise ValueError(f"ns_steps must be an int >= 1, got {group['ns_steps']!r}")
         check_betas("adamw_betas", group["adamw_betas"])
         check_ns_dtype(group["ns_dtype"])
+        if group["adamw_variant"] not in ADAMW_VARIANTS:
+            raise ValueError(f"adamw_variant must be one of {ADAMW_VARIANTS}, got {group['adamw_variant']!r}")
+        if group["update_dtype"] not in UPDATE_DTYPES:
+            raise ValueError(f"update_dtype must be torch.bfloat16 (the authors') or torch.float32, "
+                             f"got {group['update_dtype']!r}")
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -120,27 +148,31 @@ class Muon(torch.optim.Optimizer):
             momentum_buffer.mul_(group["momentum"]).add_(grad)
             directions.append(grad.add(momentum_buffer, alpha=group["momentum"]) if group["nesterov"]
                               else momentum_buffer)
-        orthogonalised = orthogonalise(directions, group["ns_steps"], group["ns_dtype"], self.process_group)
+        update_dtype = group["update_dtype"]
+        orthogonalised = orthogonalise(directions, group["ns_steps"], group["ns_dtype"], self.process_group,
+                                       norm_in_dtype=update_dtype == torch.bfloat16, out_dtype=update_dtype)
         lr = group["lr"]
         for param, update in zip(params, orthogonalised):
             shape_scale = max(1.0, param.size(0) / param.size(1)) ** 0.5
             param32 = param.float()
-            param32.mul_(1.0 - lr * group["weight_decay"]).add_(update.mul_(shape_scale), alpha=-lr)
+            param32.mul_(1.0 - lr * group["weight_decay"]).add_(update.mul_(shape_scale).float(), alpha=-lr)
             param.copy_(param32)
 
     def _adamw_step(self, param: Tensor, group: dict[str, Any]) -> None:
-        """AdamW step of one tensor that is not 2-D."""
+        """AdamW step (the authors' or torch's) of one tensor that is not 2-D."""
         state = self.state[param]
         for key in ("exp_avg", "exp_avg_sq"):
             if key not in state:
                 state[key] = float32_zeros_like(param)
         state["step"] = state.get("step", 0) + 1
         beta1, beta2 = group["adamw_betas"]
-        reference.adamw_step(
-            param, param.grad, state["exp_avg"], state["exp_avg_sq"], None,
-            step=state["step"], lr=group["lr"] * group["adamw_lr_ratio"], beta1=beta1, beta2=beta2,
-            eps=group["adamw_eps"], weight_decay=group["adamw_weight_decay"], amsgrad=False,
-        )
+        hyper = dict(step=state["step"], lr=group["lr"] * group["adamw_lr_ratio"], beta1=beta1, beta2=beta2,
+                     eps=group["adamw_eps"], weight_decay=group["adamw_weight_decay"])
+        if group["adamw_variant"] == "authors":
+            reference.authors_adamw_step(param, param.grad, state["exp_avg"], state["exp_avg_sq"], **hyper)
+        else:
+            reference.adamw_step(param, param.grad, state["exp_avg"], state["exp_avg_sq"], None, **hyper,
+                                 amsgrad=False)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load as ``torch.optim.Optimizer`` does, keeping float32 state for low-precision parameters."""
@@ -148,6 +180,12 @@ class Muon(torch.optim.Optimizer):
         restore_float32_state(self, state_dict)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore a pickle (or a loaded state_dict's groups), giving options added since their defaults."""
         super().__setstate__(state)
+        constructor = inspect.signature(Muon.__init__).parameters
+        for key in ADDED_OPTIONS:
+            self.defaults.setdefault(key, constructor[key].default)
         fill_new_defaults(self)
+        # Pickles leave out the process group (torch.optim.Optimizer.__getstate__): one process steps alone.
+        self.__dict__.setdefault("process_group", None)
 

@@ -27,13 +27,16 @@ def assign_owners(shapes: list[torch.Size], world_size: int) -> list[int]:
 
 
 def orthogonalise(matrices: list[Tensor], steps: int = 5, dtype: torch.dtype = torch.bfloat16,
-                  process_group: dist.ProcessGroup | None = None, eps: float = 1e-7) -> list[Tensor]:
+                  process_group: dist.ProcessGroup | None = None, eps: float = 1e-7, *,
+                  norm_in_dtype: bool = False, out_dtype: torch.dtype = torch.float32) -> list[Tensor]:
     """Newton-Schulz of each matrix; same-shaped ones go through as one batch (fewer, larger products).
 
-    With a ``process_group`` of several ranks, all holding the same ``matrices`` (DDP's all-reduced
-    gradients), each rank orthogonalises its share (:func:`assign_owners`) and an all-reduce of one flat
-    float32 buffer, zero outside each owner's slots, hands every rank all results exactly: the cost per rank
-    falls with the number of ranks instead of being repeated on each.
+    ``dtype`` and ``norm_in_dtype`` are :func:`mars.reference.newton_schulz5`'s; the results come back in
+    ``out_dtype``. With a ``process_group`` of several ranks, all holding the same ``matrices`` (DDP's
+    all-reduced gradients), each rank orthogonalises its share (:func:`assign_owners`) and an all-reduce of one
+    flat ``out_dtype`` buffer, zero outside each owner's slots, hands every rank all results exactly: the cost
+    per rank falls with the number of ranks instead of being repeated on each, and N ranks return what one
+    process does (a bfloat16 buffer, as the MARS authors' Muon sends, halves the traffic of a float32 one).
     """
     world_size = dist.get_world_size(process_group) if process_group is not None else 1
     rank = dist.get_rank(process_group) if process_group is not None else 0
@@ -45,17 +48,17 @@ def orthogonalise(matrices: list[Tensor], steps: int = 5, dtype: torch.dtype = t
             by_shape.setdefault(matrix.shape, []).append(index)
     for indices in by_shape.values():
         if len(indices) == 1:
-            results[indices[0]] = reference.newton_schulz5(matrices[indices[0]], steps, eps, dtype)
+            results[indices[0]] = reference.newton_schulz5(matrices[indices[0]], steps, eps, dtype, norm_in_dtype)
         else:
-            batch = reference.newton_schulz5(torch.stack([matrices[i] for i in indices]), steps, eps, dtype)
-            for index, result in zip(indices, batch.unbind(0)):
+            batch = torch.stack([matrices[i] for i in indices])
+            for index, result in zip(indices, reference.newton_schulz5(batch, steps, eps, dtype, norm_in_dtype)):
                 results[index] = result
     if world_size == 1:
-        return results
-    flat = torch.zeros(sum(m.numel() for m in matrices), dtype=torch.float32, device=matrices[0].device)
+        return [result.to(out_dtype) for result in results]
+    flat = torch.zeros(sum(m.numel() for m in matrices), dtype=out_dtype, device=matrices[0].device)
     views = flat.split([m.numel() for m in matrices])
     for view, result in zip(views, results):
         if result is not None:
             view.copy_(result.flatten())
-    dist.all_reduce(flat, group=process_group)  # x + 0 + ... + 0 = x: exact
-    return [view.view_as(matrix).to(matrix.dtype) for view, matrix in zip(views, matrices)]
+    dist.all_reduce(flat, group=process_group)  # x + 0 + ... + 0 = x in any dtype: exact
+    return [view.view_as(matrix) for view, matrix in zip(views, matrices)]

@@ -56,16 +56,22 @@ def adam_denominator(exp_avg_sq: Tensor, step: int, beta1: float, beta2: float, 
     return exp_avg_sq.sqrt().mul(1 / math.sqrt(bias_correction2)).add(eps).mul(bias_correction1)
 
 
-def newton_schulz5(matrix: Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype = torch.bfloat16) -> Tensor:
+def newton_schulz5(matrix: Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype = torch.bfloat16,
+                   norm_in_dtype: bool = False) -> Tensor:
     """Approximate orthogonalisation U V^T of ``matrix`` by a quintic Newton-Schulz iteration in ``dtype``.
 
     ``matrix`` may be a batch of same-shaped matrices (batch x rows x cols), each normalised by its own norm.
     bfloat16 is what the authors (and Muon's) run on GPUs; CPUs without bfloat16 matrix units run it ~10x slower
-    than float32, hence the choice.
+    than float32, hence the choice. The ``dtype`` copy of ``matrix`` is divided by the norm of ``matrix``, as
+    the authors' MARS-Shampoo does (``MARS/optimizers/mars.py:224``), or with ``norm_in_dtype`` by its own
+    norm, taken and divided in ``dtype``, as their Muon does (``MARS/optimizers/muon.py:26-27``). In bfloat16
+    the two differ by a rounding of the norm, which the iteration then amplifies: most output elements change.
     """
     a, b, c = NEWTON_SCHULZ_COEFFS
-    norm = matrix.norm() if matrix.dim() == 2 else matrix.norm(dim=(-2, -1), keepdim=True)
-    x = matrix.to(dtype) / (norm + eps)
+    x = matrix.to(dtype)
+    normed = x if norm_in_dtype else matrix
+    norm = normed.norm() if matrix.dim() == 2 else normed.norm(dim=(-2, -1), keepdim=True)
+    x = x / (norm + eps)
     transposed = matrix.size(-2) > matrix.size(-1)
     if transposed:
         x = x.mT
@@ -156,3 +162,40 @@ def adamw_step(
         second_moment = max_exp_avg_sq
     update = exp_avg.div(adam_denominator(second_moment, step, beta1, beta2, eps))
     apply_update(param, update, lr, weight_decay)
+
+
+@torch.no_grad()
+def authors_adamw_step(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    *,
+    step: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+) -> None:
+    """The AdamW of the MARS authors' baselines (``MARS/optimizers/adamw.py:103-122``), in place:
+
+        m_t = beta1 * m + (1 - beta1) * g_t
+        v_t = beta2 * v + (1 - beta2) * g_t^2
+        step_size = lr * sqrt(1 - beta2^t) / (1 - beta1^t)
+        p <- p - step_size * (weight_decay * p + m_t / (sqrt(v_t) + eps))
+
+    It differs from torch's AdamW (:func:`adamw_step`) twice: eps is added to the uncorrected sqrt(v_t), so it
+    weighs 1 / sqrt(1 - beta2^t) times more, and the weight decay is scaled by step_size instead of lr, so it is
+    sqrt(1 - beta2^t) / (1 - beta1^t) times stronger (2.2x at step 1 with betas (0.9, 0.95), tending to 1).
+    ``exp_avg`` and ``exp_avg_sq`` are float32 state; the step is computed in float32 and written back in
+    ``param``'s dtype.
+    """
+    grad = grad.float()
+    exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+    denominator = exp_avg_sq.sqrt().add_(eps)
+    step_size = lr * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
+    p32 = param.float()
+    p32.add_(torch.mul(p32, weight_decay).addcdiv_(exp_avg, denominator).mul_(-step_size))
+    param.copy_(p32)

@@ -1,27 +1,38 @@
 """Best validation loss per optimizer x model size x token budget, beside the MARS paper's, as markdown.
 
     python -m scripts.make_table 'outputs/**' 'multirun/2026-11-*' [--wandb-csv val_loss.csv ...] \\
-        [--out results/val_loss_table.md]
+        [--out table.md]
 
 Reads the run directories that the patterns match (or that lie below a matched directory): ``metrics.jsonl``
 and ``.hydra/config.yaml``. Optionally reads wandb CSV exports of a ``val/loss`` chart (columns ``Step`` and
 ``<run name> - val/loss``), whose run names must be preset names (``owt-gpt2-small-5b-mars-approx``: what the
 presets in configs/experiment/ set as wandb.run_name). Runs that differ only in the seed are averaged; among
 the settings of one optimizer (a sweep), the best is reported. The first table has the paper's layout, one per
-corpus, each cell ``ours / paper (ours - paper)``; the second lists every setting.
+corpus, each cell ``ours / paper (ours - paper)``; the second lists every setting. The table is printed and
+written to ``--out``, by default ``val_loss_table.md`` in the deepest directory holding every run and export.
+
+Two kinds of figure stand at a budget B such as 5B tokens, in rows of their own: that of separate runs configured
+for B (a cosine schedule that ends at B: the presets of that budget), and, in the rows "<optimizer>, within <L>
+run", the best validation loss within the first B tokens of a longer run of L tokens, whose learning rate is still
+high at B (``Run.best_val_loss_within``: up to the step where the preset of budget B stops). The paper's 5B and
+20B columns are most likely of the second kind: the authors' configs define only 100,000-step (50B) runs.
 """
 import argparse
 import csv
 import datetime
 import logging
+import math
+import os
 import re
 import shlex
 import statistics
 import sys
 from pathlib import Path
 
-from scripts.runs import (Run, Setting, display_corpus, display_model, display_optimizer, group_settings,
-                          load_runs, optimizer_order, size_order, tokens_label)
+from omegaconf import OmegaConf
+
+from scripts.runs import (Run, Setting, display_corpus, display_model, display_optimizer, find_run_dirs,
+                          group_settings, load_run, optimizer_order, size_order, tokens_label)
 
 # Best validation loss on OpenWebText: Yuan et al., "MARS: Unleashing the Power of Variance Reduction for
 # Training Large Models", ICML 2025, arXiv 2411.10438, as tabulated in the README of AGI-Arena/MARS.
@@ -36,11 +47,14 @@ PAPER_VAL_LOSS = {
     ("openwebtext", "medium", 50e9): {"adamw": 2.691, "muon": 2.688, "mars-approx": 2.636},
     ("openwebtext", "large", 50e9): {"adamw": 2.561, "muon": 2.573, "mars-approx": 2.518},
 }
+PAPER_BUDGETS = frozenset(budget for _, _, budget in PAPER_VAL_LOSS)
 PAPER_CITATION = "Yuan et al., MARS, ICML 2025 (arXiv 2411.10438), via the AGI-Arena/MARS README"
+PRESET_DIR = Path(__file__).resolve().parents[1] / "configs" / "experiment"
 PRESET_NAME = re.compile(r"(?P<corpus>owt|fwe)-gpt2-(?P<model>small|medium|large|xl)-(?P<billions>\d+)b-"
                          r"(?P<optimizer>adamw|muon|mars-approx|mars-exact)")
 PRESET_CORPORA = {"owt": "openwebtext", "fwe": "fineweb-edu"}
 MISSING = "–"
+DEFAULT_OUT_NAME = "val_loss_table.md"
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +79,14 @@ def load_wandb_csv(path: Path) -> list[Run]:
                    for row in rows if row[column].strip()]
         runs.append(Run(name=f"{path}:{name}", corpus=PRESET_CORPORA[parts["corpus"]], model=parts["model"],
                         optimizer=parts["optimizer"], budget=int(parts["billions"]) * 1e9, setting=name,
-                        records=records))
+                        records=records, max_iters=preset_max_iters(name)))
     return runs
+
+
+def preset_max_iters(name: str) -> int | None:
+    """The steps that the preset ``name`` trains for, or None if there is no such preset."""
+    path = PRESET_DIR / f"{name}.yaml"
+    return OmegaConf.load(path)["train"]["max_iters"] if path.is_file() else None
 
 
 def format_difference(ours: float | None, paper: float | None) -> str:
@@ -79,25 +99,78 @@ def format_difference(ours: float | None, paper: float | None) -> str:
     return f"{ours:.3f} / {paper:.3f} ({ours - paper:+.3f})"
 
 
+def budget_columns(groups: dict[tuple, list[Setting]], corpus: str) -> list[float]:
+    """The budgets a corpus is tabulated at: the paper's, and every budget our runs on it were configured for."""
+    return sorted(PAPER_BUDGETS | {budget for c, _, budget, _ in groups if c == corpus})
+
+
+def within_run_losses(setting: Setting, run_budget: float, budgets: list[float]) -> dict[float, float]:
+    """The seeds' mean best validation loss within the first B tokens, for every budget B below the runs' own."""
+    losses = {budget: setting.best_val_losses_within(budget) for budget in budgets if budget < run_budget}
+    return {budget: statistics.fmean(seeds) for budget, seeds in losses.items() if seeds}
+
+
+def within_run_bests(groups: dict[tuple, list[Setting]]) -> dict[tuple[str, str, float, str, float], float]:
+    """(corpus, model, budget, optimizer, run budget): the best setting's loss within the first budget of its runs."""
+    bests: dict[tuple[str, str, float, str, float], float] = {}
+    for (corpus, model, run_budget, optimizer), settings in groups.items():
+        budgets = budget_columns(groups, corpus)
+        for setting in settings:
+            for budget, loss in within_run_losses(setting, run_budget, budgets).items():
+                key = (corpus, model, budget, optimizer, run_budget)
+                bests[key] = min(loss, bests.get(key, math.inf))
+    return bests
+
+
+def legend(within_rows: bool, paper_numbers: bool) -> list[str]:
+    """What the two kinds of row mean, under a table with within-run rows or paper numbers."""
+    sentences = ["Rows named after an optimizer alone: separate runs, each with a cosine schedule that ends at the "
+                 "column's budget (the presets of that budget)."]
+    if within_rows:
+        sentences.append("Rows \"<optimizer>, within <L> run\": the best validation loss within the first B tokens "
+                         "(the column's budget) of the runs configured for L tokens, whose learning rate is still "
+                         "high at B; the first B tokens end at the step where the preset of budget B stops "
+                         "(max_iters x B / L: 10,000 steps for 5B and 40,000 for 20B of a 100,000-step 50B run); "
+                         "empty where B is not below L.")
+    if paper_numbers:
+        sentences.append("The paper's 5B and 20B columns are most likely of the within-run kind: the authors' "
+                         "configs define only 100,000-step (50B-token) runs.")
+    return [" ".join(sentences), ""]
+
+
 def paper_layout(groups: dict[tuple, list[Setting]]) -> list[str]:
-    """Per corpus: one row per optimizer, one column per (model, budget), budgets outermost as in the paper."""
+    """Per corpus: rows per optimizer, one column per (model, budget), budgets outermost as in the paper.
+
+    Each optimizer has a row of separate runs and, below it, a row per longer budget L of its runs: the best
+    validation loss within the first (column's budget) tokens of those runs.
+    """
+    within = within_run_bests(groups)
     lines = []
     for corpus in sorted({key[0] for key in groups}):
-        columns = sorted({(model, budget) for c, model, budget, _ in groups if c == corpus},
+        ours = [key[1:] for key in groups if key[0] == corpus]  # (model, budget, optimizer)
+        prefixes = {key[1:]: loss for key, loss in within.items() if key[0] == corpus}  # + run budget
+        columns = sorted({(model, budget) for model, budget, *_ in [*ours, *prefixes]},
                          key=lambda column: (column[1], size_order(column[0])))
-        optimizers = {o for c, _, _, o in groups if c == corpus}
+        optimizers = {optimizer for _, _, optimizer in ours}
         optimizers |= {o for column in columns for o in PAPER_VAL_LOSS.get((corpus, *column), {})}
         headers = [f"{display_model(model)}, {tokens_label(budget)} tokens" for model, budget in columns]
         lines += [f"### {display_corpus(corpus)}: best validation loss, ours / paper (difference)", "",
                   "| optimizer | " + " | ".join(headers) + " |", "|---|" + "---:|" * len(columns)]
         for optimizer in sorted(optimizers, key=optimizer_order):
+            papers = [PAPER_VAL_LOSS.get((corpus, *column), {}).get(optimizer) for column in columns]
             cells = []
-            for model, budget in columns:
-                settings = groups.get((corpus, model, budget, optimizer))
-                ours = settings[0].mean_best_val_loss if settings and settings[0].best_val_losses else None
-                cells.append(format_difference(ours, PAPER_VAL_LOSS.get((corpus, model, budget), {}).get(optimizer)))
+            for column, paper in zip(columns, papers):
+                settings = groups.get((corpus, *column, optimizer))
+                cells.append(format_difference(
+                    settings[0].mean_best_val_loss if settings and settings[0].best_val_losses else None, paper))
             lines.append(f"| {display_optimizer(optimizer)} | " + " | ".join(cells) + " |")
-        lines.append("")
+            for run_budget in sorted({run_budget for _, _, o, run_budget in prefixes if o == optimizer}):
+                losses = [prefixes.get((*column, optimizer, run_budget)) for column in columns]
+                cells = ["" if loss is None else format_difference(loss, paper) for loss, paper in zip(losses, papers)]
+                lines.append(f"| {display_optimizer(optimizer)}, within {tokens_label(run_budget)} run | "
+                             + " | ".join(cells) + " |")
+        paper_numbers = any((corpus, *column) in PAPER_VAL_LOSS for column in columns)
+        lines += [""] + (legend(bool(prefixes), paper_numbers) if prefixes or paper_numbers else [])
     return lines
 
 
@@ -106,20 +179,24 @@ def group_order(corpus: str, model: str, budget: float, optimizer: str) -> tuple
 
 
 def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
-    lines = ["### Every setting (seeds averaged; the best setting of each optimizer is the one in the table above)",
-             "", "| corpus | model | tokens | optimizer | lr | gamma | seeds | best val loss | sd | runs |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---|"]
+    lines = ["### Every setting (seeds averaged; the best setting of each optimizer is the one in the table above; "
+             "within first B: the best validation loss within the first B tokens of these runs)",
+             "", "| corpus | model | tokens | optimizer | lr | gamma | seeds | best val loss | sd | within first B | "
+             "runs |", "|---|---|---:|---|---:|---:|---:|---:|---:|---|---|"]
     for (corpus, model, budget, optimizer), settings in sorted(groups.items(), key=lambda item: group_order(*item[0])):
+        budgets = budget_columns(groups, corpus)
         for setting in settings:
             losses, run = setting.best_val_losses, setting.first
             spread = f"{statistics.stdev(losses):.3f}" if len(losses) > 1 else MISSING
             best = f"{statistics.fmean(losses):.3f}" if losses else MISSING
             lr = f"{run.lr:g}" if run.lr is not None else MISSING
             gamma = f"{run.gamma:g}" if run.gamma is not None else MISSING
+            within = ", ".join(f"{tokens_label(b)}: {loss:.3f}"
+                               for b, loss in within_run_losses(setting, budget, budgets).items()) or MISSING
             names = ", ".join(Path(r.name).name for r in setting.runs)
             lines.append(f"| {display_corpus(corpus)} | {display_model(model)} | {tokens_label(budget)} | "
                          f"{display_optimizer(optimizer)} | {lr} | {gamma} | {len(setting.runs)} | {best} | "
-                         f"{spread} | {names} |")
+                         f"{spread} | {within} | {names} |")
     return lines + [""]
 
 
@@ -130,23 +207,36 @@ def make_table(runs: list[Run]) -> str:
     return "\n".join(paper_layout(groups) + settings_table(groups) + [f"Paper numbers: {PAPER_CITATION}.", ""])
 
 
+def default_out(sources: list[Path]) -> Path:
+    """val_loss_table.md beside the runs: in the deepest directory that holds every run directory and export."""
+    common = Path(os.path.commonpath([source.resolve().parent for source in sources]))
+    if common == Path(common.anchor):
+        raise ValueError(f"the runs share no directory below {common}: say where the table goes with --out FILE")
+    return common / DEFAULT_OUT_NAME
+
+
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m scripts.make_table", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="*", help="run directories or glob patterns (quote them)")
     parser.add_argument("--wandb-csv", type=Path, nargs="*", default=[], help="wandb chart exports of val/loss")
-    parser.add_argument("--out", type=Path, default=Path("results/val_loss_table.md"), help="markdown file to write")
+    parser.add_argument("--out", type=Path, help=f"markdown file to write (default: {DEFAULT_OUT_NAME} in the "
+                        "deepest directory holding every run and wandb export)")
     args = parser.parse_args(argv)
     try:
-        runs = load_runs(args.runs) + [run for path in args.wandb_csv for run in load_wandb_csv(path)]
+        run_dirs = find_run_dirs(args.runs)
+        runs = [run for run in map(load_run, run_dirs) if run is not None]
+        runs += [run for path in args.wandb_csv for run in load_wandb_csv(path)]
         table = make_table(runs)
+        out = args.out or default_out([*run_dirs, *args.wandb_csv])
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
     print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "-m", "scripts.make_table", *argv])
-    args.out.write_text(f"<!-- {command} ({datetime.date.today()}) -->\n\n{table}")
+    out.write_text(f"<!-- {command} ({datetime.date.today()}) -->\n\n{table}")
+    log.info("wrote %s", out)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 A run directory is what train.py writes: ``metrics.jsonl`` and ``.hydra/config.yaml``. Each run is labelled by
 corpus, model size, optimizer and token budget; runs whose configs differ only in the seed (or in settings that
 do not change the result: device, paths, logging, checkpointing) share a ``setting`` and count as seeds of it.
+Besides a run's best validation loss, its best within the first B tokens (``Run.best_val_loss_within``) is what
+a shorter budget B reads off a longer run.
 Used by ``scripts.make_table`` and ``scripts.plot_curves``.
 """
 import argparse
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from configs.schema import OPTIMIZER_SCHEMAS
+from configs.schema import OPTIMIZER_SCHEMAS, ModelConfig, TrainConfig
 from training.metrics import METRICS_FILE, read_metrics
 
 log = logging.getLogger(__name__)
@@ -31,8 +33,10 @@ OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon", "mars-exact": "MARS-exact",
                    "mars-lion-approx": "MARS-Lion", "mars-lion-exact": "MARS-Lion-exact",
                    "mars-shampoo-approx": "MARS-Shampoo", "mars-shampoo-exact": "MARS-Shampoo-exact"}
 # The training settings that change what a run computes; the rest (seed, device, paths, logging) do not.
+# Optimizer keys whose default changed when they joined the schema: a run saved before ran the old behaviour.
+RAN_BEFORE_THE_KEY_EXISTED = {"muon": {"adamw_variant": "torch", "update_dtype": "float32"}}
 SETTING_KEYS = ("batch_size", "block_size", "grad_accum_steps", "max_iters", "lr_schedule", "warmup_iters",
-                "decay_iters", "decay_fraction", "min_lr", "grad_clip", "dtype")
+                "decay_iters", "decay_fraction", "min_lr", "grad_clip", "grad_multiplier", "dtype", "tf32")
 
 
 @dataclass
@@ -46,6 +50,7 @@ class Run:
     lr: float | None = None
     gamma: float | None = None
     records: list[dict] = field(default_factory=list)
+    max_iters: int | None = None  # the steps it is configured for; None if unknown
 
     @property
     def evaluations(self) -> list[dict]:
@@ -54,6 +59,31 @@ class Run:
     @property
     def best_val_loss(self) -> float | None:
         losses = [r["val/loss"] for r in self.evaluations]
+        return min(losses) if losses else None
+
+    def prefix_steps(self, tokens: float) -> int | None:
+        """The steps of the first ``tokens`` (a nominal budget, 5e9) of this run, as the presets count them.
+
+        That is max_iters x tokens / the run's nominal budget: a preset trains for its nominal budget / 500,000
+        steps of 491,520 tokens (10,000 for 5B, 40,000 for 20B, 100,000 for 50B), so the first 5B tokens of a 50B
+        run end at step 10,000, where the 5B preset stops (4.92e9 tokens), and not at step 10,172 (5e9 tokens).
+        For a run whose budget is not a round number, this is the last step with at most ``tokens`` tokens.
+        None if max_iters is unknown.
+        """
+        if self.max_iters is None:
+            return None
+        return math.floor(self.max_iters * tokens / nominal_tokens(self.budget) + 1e-6)
+
+    def best_val_loss_within(self, tokens: float) -> float | None:
+        """The best validation loss evaluated within the first ``tokens`` of the run (see ``prefix_steps``).
+
+        None until the run has logged a step at or past the end of those tokens: before that the figure is not
+        yet the one for ``tokens``.
+        """
+        end = self.prefix_steps(tokens)
+        if end is None or not any(record["step"] >= end for record in self.records):
+            return None
+        losses = [r["val/loss"] for r in self.evaluations if r["step"] <= end]
         return min(losses) if losses else None
 
 
@@ -98,13 +128,28 @@ def load_run(run_dir: Path) -> Run | None:
     # Tokens per step come from the log, which counts every rank: the config alone does not know the world size.
     tokens_per_step = step["tokens"] / step["step"]
     budget = cfg["train"]["max_iters"] * tokens_per_step
-    setting = {"model": cfg["model"], "optimizer": without_defaults(cfg["optimizer"]),
+    # Keys a run saved before they joined the schema ran at their default: fill them in, so that such runs and
+    # later ones at the default count as one setting.
+    train_defaults = schema_defaults(TrainConfig)
+    optimizer_cfg = {**RAN_BEFORE_THE_KEY_EXISTED.get(cfg["optimizer"]["name"], {}), **cfg["optimizer"]}
+    setting = {"model": {**schema_defaults(ModelConfig), **cfg["model"]},
+               "optimizer": without_defaults(optimizer_cfg),
                "data": {key: value for key, value in cfg["data"].items() if key != "dir"},
-               "train": {key: cfg["train"].get(key) for key in SETTING_KEYS}, "tokens_per_step": tokens_per_step}
+               "train": {key: cfg["train"].get(key, train_defaults.get(key)) for key in SETTING_KEYS},
+               "tokens_per_step": tokens_per_step}
     return Run(name=str(run_dir), corpus=cfg["data"]["name"], model=model_label(cfg["model"]),
                optimizer=optimizer_label(cfg["optimizer"]), budget=budget,
                setting=json.dumps(setting, sort_keys=True), lr=cfg["optimizer"]["lr"],
-               gamma=cfg["optimizer"].get("gamma"), records=records)
+               gamma=cfg["optimizer"].get("gamma"), records=records, max_iters=cfg["train"]["max_iters"])
+
+
+def schema_defaults(schema: type) -> dict:
+    """The defaults of a config dataclass, as they read back from a saved config (enums as their values)."""
+    defaults = {}
+    for f in dataclasses.fields(schema):
+        if f.default is not dataclasses.MISSING and f.default != "???":
+            defaults[f.name] = getattr(f.default, "value", as_yaml(f.default))
+    return defaults
 
 
 def without_defaults(optimizer_cfg: dict) -> dict:
@@ -163,6 +208,11 @@ class Setting:
     def mean_best_val_loss(self) -> float:
         losses = self.best_val_losses
         return statistics.fmean(losses) if losses else math.inf
+
+    def best_val_losses_within(self, tokens: float) -> list[float]:
+        """Each seed's best validation loss within its first ``tokens``, for the seeds that got past them."""
+        losses = (run.best_val_loss_within(tokens) for run in self.runs)
+        return [loss for loss in losses if loss is not None]
 
 
 def group_settings(runs: list[Run]) -> dict[tuple[str, str, float, str], list[Setting]]:

@@ -40,16 +40,18 @@ def optimizer_class_and_arguments(cfg) -> tuple[type[torch.optim.Optimizer], dic
         return Muon, dict(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, ns_steps=cfg.ns_steps,
                           weight_decay=cfg.weight_decay, adamw_lr=cfg.adamw_lr, adamw_betas=tuple(cfg.adamw_betas),
                           adamw_eps=cfg.adamw_eps, adamw_weight_decay=cfg.adamw_weight_decay,
-                          ns_dtype=newton_schulz_dtype(cfg.ns_dtype))
+                          ns_dtype=newton_schulz_dtype(cfg.ns_dtype), adamw_variant=cfg.adamw_variant,
+                          update_dtype=newton_schulz_dtype(cfg.update_dtype, key="update_dtype"))
     raise ValueError(f"unknown optimizer {cfg.name!r}")
 
 
 NEWTON_SCHULZ_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def newton_schulz_dtype(name: str) -> torch.dtype:
+def newton_schulz_dtype(name: str, key: str = "ns_dtype") -> torch.dtype:
+    """The dtype that ``optimizer.<key>`` names: Newton-Schulz's, or that of Muon's updates (same choices)."""
     if name not in NEWTON_SCHULZ_DTYPES:
-        raise ValueError(f"optimizer.ns_dtype must be one of {sorted(NEWTON_SCHULZ_DTYPES)}, got {name!r}")
+        raise ValueError(f"optimizer.{key} must be one of {sorted(NEWTON_SCHULZ_DTYPES)}, got {name!r}")
     return NEWTON_SCHULZ_DTYPES[name]
 
 

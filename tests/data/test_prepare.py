@@ -5,10 +5,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from datasets import load_dataset
 
 import data.prepare
-from data.prepare import files_source, main, prepare
-from data.shards import read_manifest, read_shard
+from data.loader import load_split
+from data.prepare import files_source, main, prepare, split_rule
+from data.shards import HEADER_INTS, SHARD_MAGIC, SHARD_VERSION, read_manifest, read_shard
 from data.tokenizer import GPT2_EOT_TOKEN, GPT2_VOCAB_SIZE, gpt2_encoding
 
 EOT = "<|endoftext|>"
@@ -92,11 +94,17 @@ def _interrupt_after(monkeypatch, shards_written):
     monkeypatch.setattr(data.prepare, "write_shard", write_shard)
 
 
-@pytest.mark.parametrize("val_tokens, shards_before, split_before", [(2_000, 3, "train"), (7_000, 2, "val")])
+@pytest.mark.parametrize("rule, shards_before, split_before", [
+    (dict(val_tokens=2_000), 3, "train"),
+    (dict(val_tokens=7_000), 2, "val"),
+    (dict(split="llm.c", val_tokens=2_000), 1, "val"),  # the val shard ends at the cut inside a document
+    (dict(split="llm.c", val_tokens=7_000), 4, "train"),
+    (dict(split="nanogpt", test_size=0.25), 2, "train"),
+    (dict(split="nanogpt", test_size=0.25), 5, "val"),  # all train shards written, the val documents not all
+])
 def test_interrupted_prepare_resumes_after_its_last_shard_and_ends_identical(tmp_path, monkeypatch, jsonl_corpus,
-                                                                            val_tokens, shards_before,
-                                                                            split_before):
-    settings = dict(shard_size=3_000, val_tokens=val_tokens, workers=1)
+                                                                            rule, shards_before, split_before):
+    settings = dict(shard_size=3_000, workers=1, **rule)
     prepare(files_source([jsonl_corpus]), tmp_path / "uninterrupted", **settings)
     out = tmp_path / "out"
     _interrupt_after(monkeypatch, shards_before)
@@ -179,3 +187,156 @@ def test_command_line_prepares_files_and_records_the_command(tmp_path, jsonl_cor
     assert read_manifest(out)["command"].startswith("python -m data.prepare files ")
     with pytest.raises(SystemExit, match="--out"):
         main(["files", str(jsonl_corpus)])
+
+
+# The validation split rules of the MARS authors' preparations.
+
+NANOGPT_TEST_SIZE = 0.25  # about 20 of the 82 documents, so that the order of the val documents shows
+NANOGPT_SEED = 2357
+
+
+def encode(text):
+    return gpt2_encoding().encode_ordinary(text)
+
+
+def test_nanogpt_split_is_datasets_train_test_split_of_the_map_style_documents_with_eot_appended(
+        tmp_path, jsonl_corpus, english_documents):
+    out = tmp_path / "out"
+    manifest = prepare(files_source([jsonl_corpus]), out, split="nanogpt", test_size=NANOGPT_TEST_SIZE,
+                       shard_size=3_000, workers=1)
+    # nanoGPT's data/openwebtext/prepare.py on the same documents, loaded map-style.
+    documents = load_dataset("json", data_files=str(jsonl_corpus), split="train", cache_dir=str(tmp_path / "hf"))
+    parts = documents.train_test_split(test_size=NANOGPT_TEST_SIZE, seed=NANOGPT_SEED, shuffle=True)
+    val_ids = list(parts["test"]["id"])
+    assert val_ids != sorted(val_ids)  # the shuffled order, which the val split must keep
+    val = [t for text in parts["test"]["text"] for t in [*encode(text), GPT2_EOT_TOKEN]]
+    train_in_stream_order = [text for _, text in sorted(zip(parts["train"]["id"], parts["train"]["text"]))]
+    train = [t for text in train_in_stream_order for t in [*encode(text), GPT2_EOT_TOKEN]]
+    assert split_tokens(out, "val").tolist() == val
+    assert split_tokens(out, "train").tolist() == train
+    assert manifest["documents"] == len(english_documents)
+    assert manifest["tokens"] == {"val": len(val), "train": len(train)}
+    assert len(load_split(out, "val", GPT2_VOCAB_SIZE)) == len(val)  # the trainer finds the split
+
+
+def llmc_shards(documents, shard_size):
+    """The shard files llm.c's dev/data/fineweb.py writes for ``documents`` (its main loop, lines 96-143)."""
+    files, shard_index, token_count = {}, 0, 0
+    all_tokens_np = np.empty((shard_size,), dtype=np.uint16)
+
+    def write_datafile(name, tokens):
+        header = np.zeros(HEADER_INTS, dtype=np.int32)
+        header[:3] = (SHARD_MAGIC, SHARD_VERSION, len(tokens))
+        files[name] = header.tobytes() + np.array(tokens, dtype=np.uint16).tobytes()
+
+    for text in documents:
+        tokens = np.array([GPT2_EOT_TOKEN, *encode(text)], dtype=np.uint16)
+        if token_count + len(tokens) < shard_size:
+            all_tokens_np[token_count : token_count + len(tokens)] = tokens
+            token_count += len(tokens)
+        else:
+            split = "val" if shard_index == 0 else "train"
+            remainder = shard_size - token_count
+            all_tokens_np[token_count : token_count + remainder] = tokens[:remainder]
+            write_datafile(f"edu_fineweb_{split}_{shard_index:06d}.bin", all_tokens_np.tolist())
+            shard_index += 1
+            all_tokens_np[0 : len(tokens) - remainder] = tokens[remainder:]
+            token_count = len(tokens) - remainder
+    if token_count != 0:
+        split = "val" if shard_index == 0 else "train"
+        write_datafile(f"edu_fineweb_{split}_{shard_index:06d}.bin", all_tokens_np[:token_count].tolist())
+    return files
+
+
+def test_llmc_split_with_val_tokens_of_one_shard_writes_llmc_shards_byte_for_byte(tmp_path, jsonl_corpus,
+                                                                                   english_documents):
+    out = tmp_path / "out"
+    prepare(files_source([jsonl_corpus]), out, split="llm.c", val_tokens=3_000, shard_size=3_000, workers=1)
+    theirs = llmc_shards(english_documents, 3_000)
+    assert len(theirs) >= 4
+
+    def our_name(llmc_name):  # llm.c numbers its shards across both splits: its train shards start at 1
+        split, index = llmc_name.removeprefix("edu_fineweb_").removesuffix(".bin").split("_")
+        return f"{split}_{int(index) - (split == 'train'):06d}.bin"
+
+    assert shard_bytes(out) == {our_name(name): data for name, data in theirs.items()}
+
+
+def test_llmc_split_is_the_first_val_tokens_of_the_stream_cutting_a_document(tmp_path, jsonl_corpus,
+                                                                               english_documents):
+    val_tokens, out = 2_000, tmp_path / "out"
+    manifest = prepare(files_source([jsonl_corpus]), out, split="llm.c", val_tokens=val_tokens, shard_size=3_000,
+                       workers=1)
+    stream = [t for text in english_documents for t in [GPT2_EOT_TOKEN, *encode(text)]]
+    document_starts = np.cumsum([0] + [len(encode(text)) + 1 for text in english_documents])
+    assert val_tokens not in document_starts  # the boundary falls inside a document
+    assert split_tokens(out, "val").tolist() == stream[:val_tokens]
+    assert split_tokens(out, "train").tolist() == stream[val_tokens:]
+    train = [s["tokens"] for s in manifest["shards"] if s["split"] == "train"]
+    assert all(tokens == 3_000 for tokens in train[:-1]) and len(train) >= 3
+
+
+@pytest.mark.parametrize("rule", [dict(split="nanogpt", test_size=NANOGPT_TEST_SIZE),
+                                  dict(split="llm.c", val_tokens=2_000)])
+def test_two_workers_write_the_same_shards_as_one(tmp_path, jsonl_corpus, rule):
+    for workers in (1, 2):
+        prepare(files_source([jsonl_corpus]), tmp_path / str(workers), shard_size=3_000, workers=workers, **rule)
+    assert shard_bytes(tmp_path / "1") == shard_bytes(tmp_path / "2")
+    assert read_manifest(tmp_path / "1")["shards"] == read_manifest(tmp_path / "2")["shards"]
+
+
+@pytest.mark.parametrize("rule, separator, description", [
+    (dict(split="nanogpt", test_size=NANOGPT_TEST_SIZE), "<|endoftext|> after each document",
+     "nanogpt: train_test_split(test_size=0.25, seed=2357, shuffle=True), EOT appended"),
+    (dict(split="llm.c", val_tokens=2_000), "<|endoftext|> before each document",
+     "llm.c: first 2,000 tokens (last document cut), EOT prepended"),
+    (dict(val_tokens=2_000), "<|endoftext|> before each document",
+     "first whole documents up to 2,000 tokens, EOT prepended"),
+])
+def test_manifest_names_the_split_rule_and_a_rerun_with_another_is_refused(tmp_path, jsonl_corpus, rule, separator,
+                                                                           description):
+    out = tmp_path / "out"
+    prepare(files_source([jsonl_corpus]), out, shard_size=3_000, workers=1, **rule)
+    manifest = read_manifest(out)
+    assert manifest["split"]["rule"] == rule.get("split", "first-documents")
+    assert manifest["split"]["description"].startswith(description)
+    assert manifest["document_separator"] == separator
+    other = dict(split="llm.c", val_tokens=2_000) if rule.get("split") != "llm.c" else dict(val_tokens=2_000)
+    with pytest.raises(ValueError, match="different .*split"):
+        prepare(files_source([jsonl_corpus]), out, shard_size=3_000, workers=1, **other)
+
+
+@pytest.mark.parametrize("documents, message", [(83, "holds 82 documents, not the 83"),
+                                                (81, "more than the 81 documents")])
+def test_nanogpt_split_refuses_a_source_with_another_number_of_documents(tmp_path, jsonl_corpus, english_documents,
+                                                                         documents, message):
+    assert len(english_documents) == 82
+    with pytest.raises(ValueError, match=message):
+        prepare(files_source([jsonl_corpus]), tmp_path / "out", split="nanogpt", documents=documents, workers=1)
+
+
+@pytest.mark.parametrize("name, options, message", [
+    ("nanogpt", dict(val_tokens=100), "--val-tokens does not apply to the nanogpt split"),
+    ("llm.c", dict(test_size=0.1), "--test-size applies to the nanogpt split only"),
+    ("nanogpt", dict(test_size=1.5), r"--test-size must lie in \(0, 1\)"),
+    ("random", {}, "unknown split rule 'random'"),
+])
+def test_split_options_that_do_not_apply_to_the_rule_are_refused(name, options, message):
+    with pytest.raises(ValueError, match=message):
+        split_rule(name, **options)
+
+
+@pytest.mark.parametrize("argv, split, documents", [
+    (["openwebtext"], "nanogpt", 8_013_769),
+    (["fineweb-edu", "--sample", "sample-100BT"], "llm.c", None),
+    (["fineweb-edu", "--split", "nanogpt"], "nanogpt", None),
+    (["files", "x.jsonl"], "first-documents", None),
+])
+def test_each_source_defaults_to_the_split_of_its_reference_preparation(tmp_path, monkeypatch, argv, split,
+                                                                         documents):
+    (tmp_path / "x.jsonl").write_text("{}\n")
+    calls = []
+    monkeypatch.setattr(data.prepare, "prepare", lambda source, out, **options: calls.append(options))
+    monkeypatch.chdir(tmp_path)
+    main([*argv, "--out", str(tmp_path / "out")])
+    assert (calls[0]["split"], calls[0]["documents"]) == (split, documents)

@@ -1,5 +1,9 @@
-"""mars.Muon: hand-checked steps, AdamW for tensors that are not 2-D, state_dict round trip, validation."""
+"""mars.Muon: hand-checked steps, the MARS authors' Muon and AdamW bit for bit, AdamW for tensors that are not
+2-D, state_dict and pickle round trips, validation."""
+import copy
 import io
+import math
+import pickle
 
 import pytest
 import torch
@@ -7,13 +11,16 @@ import torch
 from mars import Muon, reference
 from mars.newton_schulz import assign_owners, newton_schulz_cost
 
+# torch's AdamW and float32 updates: the options whose steps the hand-written float32 checks below follow.
+TORCH_FLOAT32 = dict(adamw_variant="torch", update_dtype=torch.float32)
+
 
 def test_two_nesterov_steps_match_the_update_written_out():
     torch.manual_seed(0)
     param = torch.nn.Parameter(torch.randn(6, 4))
     grad1, grad2 = torch.randn(6, 4), torch.randn(6, 4)
     lr, momentum, weight_decay = 0.02, 0.95, 0.1
-    optimizer = Muon([param], lr=lr, momentum=momentum, weight_decay=weight_decay)
+    optimizer = Muon([param], lr=lr, momentum=momentum, weight_decay=weight_decay, **TORCH_FLOAT32)
     expected = param.detach().clone()
     buffer = torch.zeros(6, 4)
     shape_scale = (6 / 4) ** 0.5
@@ -33,7 +40,7 @@ def test_ns_dtype_float32_orthogonalises_in_float32():
     grad = torch.randn(5, 7)
     expected = param.detach() - 0.02 * reference.newton_schulz5(grad, dtype=torch.float32)
     param.grad = grad
-    Muon([param], lr=0.02, nesterov=False, ns_dtype=torch.float32).step()
+    Muon([param], lr=0.02, nesterov=False, ns_dtype=torch.float32, **TORCH_FLOAT32).step()
     torch.testing.assert_close(param.detach(), expected, rtol=0, atol=0)
 
 
@@ -42,8 +49,10 @@ def test_same_shaped_matrices_stepped_together_match_one_optimizer_each():
     shapes = [(8, 4), (8, 4), (4, 8), (8, 4), (6, 6)]
     together = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
     alone = [torch.nn.Parameter(p.detach().clone()) for p in together]
-    batched = Muon(together, lr=0.02, weight_decay=0.1, ns_dtype=torch.float32)
-    singles = [Muon([p], lr=0.02, weight_decay=0.1, ns_dtype=torch.float32) for p in alone]
+    # float32 updates: batching moves float32 roundings, which a bfloat16 rounding could turn into bfloat16 steps.
+    options = dict(lr=0.02, weight_decay=0.1, ns_dtype=torch.float32, update_dtype=torch.float32)
+    batched = Muon(together, **options)
+    singles = [Muon([p], **options) for p in alone]
     for _ in range(3):
         grads = [torch.randn(shape) for shape in shapes]
         for p, q, grad in zip(together, alone, grads):
@@ -71,7 +80,7 @@ def test_without_nesterov_the_momentum_buffer_is_orthogonalised():
     torch.manual_seed(1)
     param = torch.nn.Parameter(torch.randn(3, 8))
     grad1, grad2 = torch.randn(3, 8), torch.randn(3, 8)
-    optimizer = Muon([param], lr=0.05, momentum=0.9, nesterov=False)
+    optimizer = Muon([param], lr=0.05, momentum=0.9, nesterov=False, **TORCH_FLOAT32)
     expected = param.detach().clone()
     for grad in (grad1, grad2):
         param.grad = grad.clone()
@@ -82,17 +91,128 @@ def test_without_nesterov_the_momentum_buffer_is_orthogonalised():
     torch.testing.assert_close(param.detach(), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_tensors_that_are_not_2d_take_adamw_at_the_scaled_lr():
-    # Step 1 of AdamW is p - lr * (g / (|g| + eps) + wd * p), with lr = group lr * adamw_lr / lr.
+def test_tensors_that_are_not_2d_take_torch_adamw_at_the_scaled_lr():
+    # Step 1 of torch's AdamW is p - lr * (g / (|g| + eps) + wd * p), with lr = group lr * adamw_lr / lr.
     param = torch.nn.Parameter(torch.tensor([0.5, -1.0, 2.0]))
     grad = torch.tensor([0.3, -0.02, 0.001])
-    optimizer = Muon([param], lr=0.02, adamw_lr=0.004, adamw_weight_decay=0.1, adamw_eps=1e-8)
+    optimizer = Muon([param], lr=0.02, adamw_lr=0.004, adamw_weight_decay=0.1, adamw_eps=1e-8, adamw_variant="torch")
     optimizer.param_groups[0]["lr"] = 0.01  # a schedule halving lr halves the AdamW lr too
     param.grad = grad
     p0 = param.detach().double().clone()
     optimizer.step()
     expected = p0 - 0.002 * (grad.double() / (grad.double().abs() + 1e-8) + 0.1 * p0)
     torch.testing.assert_close(param.detach().double(), expected, rtol=1e-6, atol=1e-8)
+
+
+def authors_adamw(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay):
+    """One step of the MARS authors' AdamW (AGI-Arena/MARS MARS/optimizers/adamw.py), from its formula:
+    p - lr sqrt(1 - beta2^t) / (1 - beta1^t) (wd p + m / (sqrt(v) + eps)). Returns the new (p, m, v).
+
+    The moments take torch's scaled add, rounded once as the in-place ops of their code are, so that float32
+    results can be compared bit for bit.
+    """
+    exp_avg = torch.add(beta1 * exp_avg, grad, alpha=1 - beta1)
+    exp_avg_sq = torch.addcmul(beta2 * exp_avg_sq, grad, grad, value=1 - beta2)
+    step_size = lr * math.sqrt(1 - beta2**step) / (1 - beta1**step)
+    return param - step_size * (weight_decay * param + exp_avg / (exp_avg_sq.sqrt() + eps)), exp_avg, exp_avg_sq
+
+
+def authors_newton_schulz(matrix, steps=5, eps=1e-7):
+    """Their Muon's Newton-Schulz (MARS/optimizers/muon.py:14-36), eager: normalised and iterated in bfloat16."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = matrix.bfloat16()
+    x = x / (x.norm() + eps)  # the bfloat16 copy's own norm, in bfloat16
+    tall = matrix.size(0) > matrix.size(1)
+    if tall:
+        x = x.T
+    for _ in range(steps):
+        gram = x @ x.T
+        gram_x = gram @ x
+        x = a * x + b * gram_x + (c * gram) @ gram_x  # their `c * A @ B` reads as (c * A) @ B
+    return x.T if tall else x
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 3, 4)])
+def test_authors_adamw_step_is_their_formula_bit_for_bit(shape):
+    torch.manual_seed(11)
+    lr, beta1, beta2, eps, weight_decay = 3e-3, 0.9, 0.95, 1e-8, 0.1
+    param, exp_avg, exp_avg_sq = torch.randn(shape), torch.zeros(shape), torch.zeros(shape)
+    expected, expected_m, expected_v = param.clone(), torch.zeros(shape), torch.zeros(shape)
+    for step in range(1, 25):
+        grad = torch.randn(shape) * 10.0 ** -(step % 4 * 3)  # down to 1e-9, where eps dominates sqrt(v)
+        reference.authors_adamw_step(param, grad, exp_avg, exp_avg_sq, step=step, lr=lr, beta1=beta1, beta2=beta2,
+                                     eps=eps, weight_decay=weight_decay)
+        expected, expected_m, expected_v = authors_adamw(expected, grad, expected_m, expected_v, step, lr, beta1,
+                                                         beta2, eps, weight_decay)
+    torch.testing.assert_close(exp_avg, expected_m, rtol=0, atol=0)
+    torch.testing.assert_close(exp_avg_sq, expected_v, rtol=0, atol=0)
+    torch.testing.assert_close(param, expected, rtol=0, atol=0)
+
+
+def test_tensors_that_are_not_2d_take_the_authors_adamw_by_default():
+    # Step 1: p - lr sqrt(1 - b2) / (1 - b1) (wd p + (1 - b1) g / (sqrt(1 - b2) |g| + eps)): the weight decay
+    # 2.2x torch's, and eps weighing on the 1e-8 gradient, where torch's would step by lr / 2.
+    param = torch.nn.Parameter(torch.tensor([0.5, -1.0, 2.0]))
+    grad = torch.tensor([0.3, -0.02, 1e-8])
+    optimizer = Muon([param], lr=0.02, adamw_lr=0.004, adamw_weight_decay=0.1, adamw_eps=1e-8)
+    optimizer.param_groups[0]["lr"] = 0.01  # a schedule halving lr halves the AdamW lr too
+    param.grad = grad
+    p0, g = param.detach().double().clone(), grad.double()
+    optimizer.step()
+    step_size = 0.002 * math.sqrt(1 - 0.95) / (1 - 0.9)
+    expected = p0 - step_size * (0.1 * p0 + (1 - 0.9) * g / (math.sqrt(1 - 0.95) * g.abs() + 1e-8))
+    torch.testing.assert_close(param.detach().double(), expected, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_default_muon_steps_bit_for_bit_as_the_authors_muon_and_adamw(nesterov):
+    # Their CombinedOptimizer (MARS/opt.py) gives the 2-D tensors to their Muon and the rest to their AdamW,
+    # each with its own lr (MARS/train_muon.py:216-217). Two (12, 4) matrices go through one batched Newton-Schulz.
+    torch.manual_seed(12)
+    shapes = [(12, 4), (12, 4), (4, 12), (8, 8), (9,), (4,)]
+    lr, momentum, weight_decay = 0.02, 0.95, 0.05
+    adamw_lr, betas, eps, adamw_weight_decay = 3e-3, (0.9, 0.95), 1e-8, 0.1
+    params = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
+    optimizer = Muon(params, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
+                     adamw_lr=adamw_lr, adamw_betas=betas, adamw_eps=eps, adamw_weight_decay=adamw_weight_decay)
+    theirs = [p.detach().clone() for p in params]
+    state = [(torch.zeros(shape),) if len(shape) == 2 else (torch.zeros(shape), torch.zeros(shape))
+             for shape in shapes]
+    for step in range(1, 13):
+        grads = [torch.randn(shape) for shape in shapes]
+        for param, grad in zip(params, grads):
+            param.grad = grad.clone()
+        optimizer.step()
+        for i, grad in enumerate(grads):
+            if grad.dim() != 2:
+                theirs[i], *state[i] = authors_adamw(theirs[i], grad, *state[i], step, adamw_lr, *betas, eps,
+                                                     adamw_weight_decay)
+                continue
+            buffer = momentum * state[i][0] + grad
+            state[i] = (buffer,)
+            # d = g + mu b as their g.add(buf, alpha=momentum): one rounding.
+            direction = torch.add(grad, buffer, alpha=momentum) if nesterov else buffer
+            rows, cols = grad.shape
+            update = authors_newton_schulz(direction) * max(1, rows / cols) ** 0.5  # in bfloat16, as their buffer
+            theirs[i] = torch.add(theirs[i] * (1 - lr * weight_decay), update.float(), alpha=-lr)
+    for param, their_param in zip(params, theirs):
+        torch.testing.assert_close(param.detach(), their_param, rtol=0, atol=0)
+
+
+def test_bfloat16_updates_are_the_float32_ones_rounded_to_bfloat16():
+    # From zero with lr 1, the parameter becomes minus the update: NS(g) sqrt(16 / 8).
+    torch.manual_seed(13)
+    grad = torch.randn(16, 8)
+    steps = {}
+    for update_dtype in (torch.bfloat16, torch.float32):
+        param = torch.nn.Parameter(torch.zeros(16, 8))
+        param.grad = grad.clone()
+        Muon([param], lr=1.0, ns_dtype=torch.float32, update_dtype=update_dtype).step()
+        steps[update_dtype] = -param.detach()
+    assert torch.equal(steps[torch.bfloat16], steps[torch.bfloat16].bfloat16().float())
+    assert not torch.equal(steps[torch.float32], steps[torch.float32].bfloat16().float())
+    # Two roundings (of NS(g), then of its scaled copy), each within bfloat16's relative 2^-8.
+    torch.testing.assert_close(steps[torch.bfloat16], steps[torch.float32], rtol=2**-7, atol=0)
 
 
 def test_muon_reduces_the_loss_of_a_small_regression():
@@ -141,6 +261,54 @@ def test_bfloat16_params_keep_float32_state_through_a_state_dict_round_trip():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def stepped_muon(**kwargs):
+    """A Muon over a matrix and a vector after one step, and the gradients of a second step."""
+    torch.manual_seed(4)
+    params = [torch.nn.Parameter(torch.randn(6, 3)), torch.nn.Parameter(torch.randn(5))]
+    optimizer = Muon(params, lr=0.02, weight_decay=0.01, **kwargs)
+    for param in params:
+        param.grad = torch.randn(param.shape)
+    optimizer.step()
+    return optimizer, [torch.randn(param.shape) for param in params]
+
+
+def step_with(optimizer, grads):
+    params = optimizer.param_groups[0]["params"]
+    for param, grad in zip(params, grads):
+        param.grad = grad.clone()
+    optimizer.step()
+    return [param.detach().clone() for param in params]
+
+
+def test_a_state_dict_saved_before_the_authors_options_loads_with_their_defaults():
+    saved, grads = stepped_muon(**TORCH_FLOAT32)
+    old_state_dict = copy.deepcopy(saved.state_dict())  # not sharing the state tensors that `saved` steps on
+    for group in old_state_dict["param_groups"]:
+        del group["adamw_variant"], group["update_dtype"]
+    params = [torch.nn.Parameter(p.detach().clone()) for p in saved.param_groups[0]["params"]]
+    resumed = Muon(params, lr=0.02, weight_decay=0.01)
+    resumed.load_state_dict(old_state_dict)
+    group = resumed.param_groups[0]
+    assert (group["adamw_variant"], group["update_dtype"]) == ("authors", torch.bfloat16)
+
+    for group in saved.param_groups:
+        group.update(adamw_variant="authors", update_dtype=torch.bfloat16)
+    torch.testing.assert_close(step_with(resumed, grads), step_with(saved, grads), rtol=0, atol=0)
+
+
+def test_a_pickle_made_before_the_authors_options_unpickles_with_their_defaults():
+    optimizer, grads = stepped_muon()
+    for options in (optimizer.defaults, *optimizer.param_groups):
+        del options["adamw_variant"], options["update_dtype"]
+    restored = pickle.loads(pickle.dumps(optimizer))
+    assert (restored.defaults["adamw_variant"], restored.defaults["update_dtype"]) == ("authors", torch.bfloat16)
+    group = restored.param_groups[0]
+    assert (group["adamw_variant"], group["update_dtype"]) == ("authors", torch.bfloat16)
+    assert restored.process_group is None
+    expected = step_with(stepped_muon()[0], grads)
+    torch.testing.assert_close(step_with(restored, grads), expected, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     "kwargs, argument",
     [
@@ -155,6 +323,9 @@ def test_bfloat16_params_keep_float32_state_through_a_state_dict_round_trip():
         (dict(adamw_eps=-1e-8), "adamw_eps"),
         (dict(adamw_weight_decay=-0.1), "adamw_weight_decay"),
         (dict(ns_dtype=torch.float16), "ns_dtype"),
+        (dict(adamw_variant="official"), "adamw_variant"),
+        (dict(update_dtype=torch.float16), "update_dtype"),
+        (dict(update_dtype="bfloat16"), "update_dtype"),
     ],
 )
 def test_invalid_argument_raises_value_error_naming_it(kwargs, argument):

@@ -13,20 +13,23 @@ register_configs()
 
 
 def write_run(run_dir: Path, overrides: list[str], val_losses: list[float], tokens_per_step: int,
-              step_ms: float = 100.0) -> Path:
+              step_ms: float = 100.0, eval_steps: list[int] | None = None) -> Path:
     """A run evaluated at steps 0, k, 2k, ... (k = max_iters / (evaluations - 1)) with these validation losses.
 
-    Training records are logged at every evaluation step, as train.py does when eval_interval is a multiple of
+    ``eval_steps`` gives other evaluation steps, one per loss (a run still going stops at its last). Training
+    records are logged at every evaluation step, as train.py does when eval_interval is a multiple of
     log_interval; ``step_ms`` is the mean step time of each window.
     """
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = compose(config_name="config", overrides=overrides)
-    every = cfg.train.max_iters // (len(val_losses) - 1)
+    if eval_steps is None:
+        every = cfg.train.max_iters // (len(val_losses) - 1)
+        eval_steps = [i * every for i in range(len(val_losses))]
     (run_dir / ".hydra").mkdir(parents=True)
     OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
     records = []
-    for i, loss in enumerate(val_losses):
-        step, tokens = i * every, i * every * tokens_per_step
+    for step, loss in zip(eval_steps, val_losses, strict=True):
+        tokens = step * tokens_per_step
         if step > 0:
             records.append({"step": step, "tokens": tokens, "lr": 1e-3, "train/loss": loss + 0.01, "grad_norm": 0.5,
                             "tokens_per_s": tokens_per_step / step_ms * 1000, "step_ms": step_ms})

@@ -1,8 +1,17 @@
 """The markdown table: our best validation loss beside the paper's, in the paper's layout, and every setting."""
 import csv
+import logging
+from pathlib import Path
 
 from scripts.make_table import PAPER_VAL_LOSS, load_wandb_csv, main, make_table
 from scripts.runs import load_runs
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+TOKENS_PER_STEP = 491_520
+# A 50B run evaluated past the ends of its first 5B and 20B tokens (steps 10,000 and 40,000, where the 5B and
+# 20B presets stop) and just after them: step 10,100 has 4.96e9 tokens, fewer than 5e9, but the 5B preset never
+# gets there.
+LONG_RUN_STEPS = [0, 5_000, 10_000, 10_100, 40_000, 40_100, 100_000]
 
 
 def table_rows(table: str, heading: str) -> dict[str, list[str]]:
@@ -52,6 +61,63 @@ def test_wandb_chart_exports_count_as_runs_of_the_preset_they_are_named_after(pa
     assert [(run.optimizer, run.budget, run.best_val_loss) for run in runs] == [("muon", 5e9, 3.170)]
     rows = table_rows(make_table(load_runs([str(paper_runs)]) + runs), "### OpenWebText: best validation loss")
     assert rows["Muon"] == ["3.170 / 3.165 (+0.005)"]
+
+
+def test_within_run_bests_stop_where_the_shorter_preset_stops(tmp_path, make_run):
+    make_run(tmp_path / "adamw-50b", ["experiment=owt-gpt2-small-50b-adamw"],
+             [10.9, 3.5, 3.30, 3.29, 3.05, 3.04, 2.90], TOKENS_PER_STEP, eval_steps=LONG_RUN_STEPS)
+    run, = load_runs([str(tmp_path)])
+    assert (run.prefix_steps(5e9), run.prefix_steps(20e9)) == (10_000, 40_000)
+    assert (run.best_val_loss_within(5e9), run.best_val_loss_within(20e9), run.best_val_loss) == (3.30, 3.05, 2.90)
+    rows = table_rows(make_table([run]), "### OpenWebText: best validation loss")
+    assert rows["optimizer"] == ["GPT-2 small, 5B tokens", "GPT-2 small, 20B tokens", "GPT-2 small, 50B tokens"]
+    assert rows["AdamW"] == ["– / 3.193", "– / 3.024", "2.900 / 2.885 (+0.015)"]
+    assert rows["AdamW, within 50B run"] == ["3.300 / 3.193 (+0.107)", "3.050 / 3.024 (+0.026)", ""]
+
+
+def test_separate_and_within_run_figures_of_one_optimizer_stand_in_rows_of_their_own(paper_runs, make_run):
+    mars = ["experiment=owt-gpt2-small-50b-mars-approx"]
+    make_run(paper_runs / "mars-50b-seed1", mars, [10.9, 3.4, 3.25, 3.2, 3.00, 2.99, 2.84], TOKENS_PER_STEP,
+             eval_steps=LONG_RUN_STEPS)
+    make_run(paper_runs / "mars-50b-seed2", [*mars, "train.seed=2"], [10.9, 3.4, 3.27, 3.2, 3.02, 2.99, 2.86],
+             TOKENS_PER_STEP, eval_steps=LONG_RUN_STEPS)
+    table = make_table(load_runs([str(paper_runs)]))
+    rows = table_rows(table, "### OpenWebText: best validation loss")
+    assert rows["MARS-approx"] == ["3.110 / 3.108 (+0.002)", "– / 2.981", "2.850 / 2.849 (+0.001)"]  # separate runs
+    assert rows["MARS-approx, within 50B run"] == ["3.260 / 3.108 (+0.152)", "3.010 / 2.981 (+0.029)", ""]
+    assert rows["AdamW"][0] == "3.203 / 3.193 (+0.010)" and "AdamW, within 50B run" not in rows
+    legend = table.split("### OpenWebText", 1)[1].split("\n\n")[2]
+    assert "optimizer alone: separate runs" in legend and "<optimizer>, within <L> run" in legend
+    assert "paper's 5B and 20B columns are most likely of the within-run kind" in legend
+    long_setting = next(line for line in table.splitlines() if line.startswith("| OpenWebText | GPT-2 small | 50B |"))
+    assert "| 5B: 3.260, 20B: 3.010 |" in long_setting
+
+
+def test_a_run_not_yet_past_a_budget_gives_no_within_run_figure_for_it(tmp_path, make_run):
+    make_run(tmp_path / "adamw-50b", ["experiment=owt-gpt2-small-50b-adamw"], [10.9, 3.30, 3.10], TOKENS_PER_STEP,
+             eval_steps=[0, 10_000, 30_000])  # still running: 20B ends at step 40,000
+    rows = table_rows(make_table(load_runs([str(tmp_path)])), "### OpenWebText: best validation loss")
+    assert rows["optimizer"] == ["GPT-2 small, 5B tokens", "GPT-2 small, 50B tokens"]
+    assert rows["AdamW, within 50B run"] == ["3.300 / 3.193 (+0.107)", ""]
+
+
+def test_a_wandb_export_of_a_long_preset_gives_within_run_figures_at_the_presets_steps(tmp_path):
+    path = tmp_path / "val_loss.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["Step", "owt-gpt2-small-50b-muon - val/loss"])
+        writer.writerows([[0, 10.9], [10_000, 3.30], [10_100, 3.29], [40_000, 3.05], [100_000, 2.90]])
+    rows = table_rows(make_table(load_wandb_csv(path)), "### OpenWebText: best validation loss")
+    assert rows["Muon, within 50B run"] == ["3.300 / 3.165 (+0.135)", "3.050 / 3.006 (+0.044)", ""]
+
+
+def test_cli_writes_the_table_beside_the_runs_by_default_and_says_where(paper_runs, tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level(logging.INFO)
+    main([str(paper_runs / "*")])
+    out = paper_runs / "val_loss_table.md"
+    assert "3.203 / 3.193 (+0.010)" in out.read_text() and f"wrote {out}" in caplog.text
+    assert not out.resolve().is_relative_to(REPOSITORY / "results") and not (tmp_path / "results").exists()
 
 
 def test_cli_prints_and_writes_the_table_with_its_command(paper_runs, tmp_path, capsys):

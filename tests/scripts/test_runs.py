@@ -1,4 +1,6 @@
 """Labelling runs read back from their directories: model size, optimizer, nominal token budget, seeds."""
+from pathlib import Path
+
 import pytest
 
 from scripts.runs import display_optimizer, group_settings, load_runs, nominal_tokens, tokens_label
@@ -63,3 +65,33 @@ def test_a_run_saved_before_a_new_optimizer_key_pools_with_seeds_saved_after(tmp
     config.write_text("\n".join(line for line in config.read_text().splitlines() if "ns_dtype" not in line))
     [settings] = group_settings(load_runs([str(tmp_path)])).values()
     assert sorted(len(setting.runs) for setting in settings) == [1, 2]  # old + new pooled; float32 apart
+
+
+def test_a_run_saved_before_new_model_and_train_keys_pools_with_later_seeds_but_not_other_values(tmp_path,
+                                                                                                make_run):
+    base = ["optimizer=adamw", "train.max_iters=10", "model.activation=gelu"]
+    old = make_run(tmp_path / "old", base, [10.8, 6.0], 1024)
+    make_run(tmp_path / "new", [*base, "train.seed=2"], [10.8, 6.2], 1024)
+    make_run(tmp_path / "x4", [*base, "train.grad_multiplier=4"], [10.8, 6.4], 1024)
+    make_run(tmp_path / "tanh", [*base[:2], "model.activation=gelu_tanh"], [10.8, 6.5], 1024)
+    config = old / ".hydra" / "config.yaml"
+    dropped = ("activation", "grad_multiplier", "tf32")
+    config.write_text("\n".join(line for line in config.read_text().splitlines()
+                                if not any(key in line for key in dropped)))
+    [settings] = group_settings(load_runs([str(tmp_path)])).values()
+    assert sorted(len(setting.runs) for setting in settings) == [1, 1, 2]  # old + new pooled; x4 and tanh apart
+
+
+def test_a_muon_run_saved_before_the_authors_variant_counts_as_torch_adamw_with_float32_updates(tmp_path,
+                                                                                               make_run):
+    base = ["optimizer=muon", "train.max_iters=10"]
+    old = make_run(tmp_path / "old", base, [10.8, 6.0], 1024)
+    make_run(tmp_path / "authors", [*base, "train.seed=2"], [10.8, 6.2], 1024)
+    make_run(tmp_path / "torch", [*base, "train.seed=3", "optimizer.adamw_variant=torch",
+                                  "optimizer.update_dtype=float32"], [10.8, 6.4], 1024)
+    config = old / ".hydra" / "config.yaml"
+    config.write_text("\n".join(line for line in config.read_text().splitlines()
+                                if "adamw_variant" not in line and "update_dtype" not in line))
+    [settings] = group_settings(load_runs([str(tmp_path)])).values()
+    by_size = sorted(settings, key=lambda setting: len(setting.runs))
+    assert [sorted(Path(run.name).name for run in s.runs) for s in by_size] == [["authors"], ["old", "torch"]]

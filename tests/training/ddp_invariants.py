@@ -26,8 +26,10 @@ def main() -> None:
     params = list(model.parameters())
     shadow = [torch.nn.Parameter(p.detach().clone()) for p in params]
     if sys.argv[1] == "muon":
-        optimizer = Muon(params, lr=2e-2, ns_dtype=torch.float32, process_group=dist.group.WORLD)
-        shadow_optimizer = Muon(shadow, lr=2e-2, ns_dtype=torch.float32)
+        # The authors' bfloat16 updates: the ranks all-reduce a bfloat16 buffer.
+        muon = dict(lr=2e-2, ns_dtype=torch.float32, update_dtype=torch.bfloat16)
+        optimizer = Muon(params, **muon, process_group=dist.group.WORLD)
+        shadow_optimizer = Muon(shadow, **muon)
     elif sys.argv[1] == "mars-shampoo":
         # float32 Newton-Schulz: in bfloat16, batching the same matrices differently changes the rounding, and
         # the iteration amplifies it (see tests/mars/test_optimizer.py).

@@ -69,3 +69,17 @@ def test_muon_ns_dtype_override_reaches_the_optimizer_and_a_typo_is_named():
         cfg = compose(config_name="config", overrides=["optimizer=muon", "optimizer.ns_dtype=fp32"])
     with pytest.raises(ValueError, match="optimizer.ns_dtype must be one of .*'fp32'"):
         build_optimizer(cfg.optimizer, tiny_model())
+
+
+def test_muon_defaults_to_the_authors_variant_and_its_options_reach_the_optimizer():
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        group = build_optimizer(compose(config_name="config", overrides=["optimizer=muon"]).optimizer,
+                                tiny_model()).param_groups[0]
+        assert (group["adamw_variant"], group["update_dtype"]) == ("authors", torch.bfloat16)
+        cfg = compose(config_name="config", overrides=["optimizer=muon", "optimizer.adamw_variant=torch",
+                                                       "optimizer.update_dtype=float32"])
+        group = build_optimizer(cfg.optimizer, tiny_model()).param_groups[0]
+        assert (group["adamw_variant"], group["update_dtype"]) == ("torch", torch.float32)
+        cfg = compose(config_name="config", overrides=["optimizer=muon", "optimizer.update_dtype=fp32"])
+    with pytest.raises(ValueError, match="optimizer.update_dtype must be one of .*'fp32'"):
+        build_optimizer(cfg.optimizer, tiny_model())
