@@ -4,7 +4,9 @@ Hydra merges every YAML file into these dataclasses, so an unknown key or a valu
 run at start with a message naming the key. Checks that need more than a type (ranges, cross-field rules)
 live in ``validate``.
 """
+import dataclasses
 import datetime
+import difflib
 import os
 from dataclasses import dataclass, field
 from enum import Enum
@@ -203,8 +205,27 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def check_known_keys(cfg) -> None:
+    """Refuse keys that no schema knows, however they were added (``+optimizer.gama=0.1`` merges silently)."""
+    sections = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "wandb": WandbConfig,
+                "optimizer": OPTIMIZER_SCHEMAS.get(cfg.optimizer.get("name"))}
+    for key in cfg:
+        _require(key in sections, f"unknown config key {key!r}: the top-level keys are {', '.join(sections)}")
+    for section, schema in sections.items():
+        if schema is None or section not in cfg:
+            continue
+        known = [f.name for f in dataclasses.fields(schema)]
+        for key in cfg[section]:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f"did you mean {section}.{close[0]}? " if close else ""
+                raise ConfigError(f"unknown config key {section}.{key}: {hint}the keys of {section} are "
+                                  f"{', '.join(known)}")
+
+
 def validate(cfg) -> None:
     """Range and cross-field checks that the types alone cannot express."""
+    check_known_keys(cfg)
     m, t, o = cfg.model, cfg.train, cfg.optimizer
     for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
         _require(m[key] > 0, f"model.{key} must be positive, got {m[key]}")

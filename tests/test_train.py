@@ -106,6 +106,10 @@ def test_bad_value_stops_at_start_with_one_message(tmp_path):
     assert result.returncode != 0
     assert "train.batch_size must be a positive integer" in result.stderr
     assert "Traceback" not in result.stderr
+    # Hydra's own hint after the typo `optimizer.gama=0.1` is `+optimizer.gama=0.1`: that must not train either.
+    result = run_train(tmp_path, "+optimizer.gama=0.1", check=False)
+    assert result.returncode != 0 and "did you mean optimizer.gamma?" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "metrics.jsonl").exists()
 
 
 @pytest.mark.slow

@@ -83,3 +83,22 @@ def test_muon_refuses_a_min_lr_above_its_adamw_part_lr():
     with pytest.raises(ConfigError, match=r"train\.min_lr \(0\.005\) must not exceed optimizer\.adamw_lr"):
         validate(load("optimizer=muon", "train.min_lr=5e-3"))
     validate(load("optimizer=muon", "train.min_lr=3e-3"))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("+optimizer.gama=0.1", r"unknown config key optimizer\.gama: did you mean optimizer\.gamma\?"),
+    ("+train.max_iter=5", r"unknown config key train\.max_iter: did you mean train\.max_iters\?"),
+    ("+model.n_layers=2", r"unknown config key model\.n_layers: did you mean model\.n_layer\?"),
+    ("+wandb.nonsense=1", r"unknown config key wandb\.nonsense: the keys of wandb are mode, project"),
+    ("+foo=1", r"unknown config key 'foo': the top-level keys are model, train, data, wandb, optimizer"),
+])
+def test_added_keys_that_no_schema_knows_are_refused_with_a_suggestion(override, message):
+    cfg = load(override)
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg)
+
+
+def test_a_muon_key_is_unknown_to_mars():
+    with pytest.raises(ConfigError, match=r"unknown config key optimizer\.adamw_lr"):
+        validate(load("optimizer=mars-adamw", "+optimizer.adamw_lr=1e-3"))
+    validate(load("optimizer=muon", "optimizer.adamw_lr=1e-3"))
