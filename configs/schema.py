@@ -86,7 +86,9 @@ class MarsConfig(OptimizerConfig):
     betas_1d: tuple[float, float] = (0.9, 0.95)
     weight_decay_1d: float = 0.1
     backend: str = "auto"  # auto (Triton on CUDA, foreach PyTorch on CPU), reference, torch or triton
-    ns_dtype: str = "bfloat16"  # mars-shampoo's Newton-Schulz: the official bfloat16, or float32 (faster on CPUs)
+    # mars-shampoo's Newton-Schulz: auto (the official bfloat16 on CUDA, float32 on CPUs, ~10x faster there),
+    # bfloat16 or float32
+    ns_dtype: str = "auto"
 
 
 @dataclass
@@ -101,8 +103,8 @@ class MuonConfig(OptimizerConfig):
     adamw_betas: tuple[float, float] = (0.9, 0.95)
     adamw_eps: float = 1e-8
     adamw_weight_decay: float = 0.1
-    # The authors' bfloat16; float32 runs ~10x faster on CPUs that lack bfloat16 matrix units.
-    ns_dtype: str = "bfloat16"
+    # auto: the authors' bfloat16 on CUDA, float32 on CPUs (~10x faster there, without bfloat16 matrix units).
+    ns_dtype: str = "auto"
     adamw_variant: str = "authors"  # AdamW of the non-2-D tensors: the authors' (MARS optimizers/adamw.py) or torch
     update_dtype: str = "bfloat16"  # Muon's updates rounded to bfloat16 before they apply (the authors') or float32
 

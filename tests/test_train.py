@@ -106,6 +106,10 @@ def test_bad_value_stops_at_start_with_one_message(tmp_path):
     assert result.returncode != 0
     assert "train.batch_size must be a positive integer" in result.stderr
     assert "Traceback" not in result.stderr
+    # A CUDA device asked for where there is none: the advice in one line, not a traceback.
+    result = run_train(tmp_path, "train.device=cuda", check=False)
+    assert result.returncode != 0 and "use train.device=cpu or auto" in result.stderr
+    assert "Traceback" not in result.stderr
     # Hydra's own hint after the typo `optimizer.gama=0.1` is `+optimizer.gama=0.1`: that must not train either.
     result = run_train(tmp_path, "+optimizer.gama=0.1", check=False)
     assert result.returncode != 0 and "did you mean optimizer.gamma?" in result.stderr

@@ -1,8 +1,13 @@
 """Builds the optimizer named by the config, with the parameter grouping every optimizer shares."""
+import logging
+
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
+
+
+log = logging.getLogger("train")
 
 
 def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool) -> list[dict]:
@@ -21,26 +26,33 @@ def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool) 
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def optimizer_class_and_arguments(cfg) -> tuple[type[torch.optim.Optimizer], dict]:
-    """The optimizer class a config names, and its constructor arguments other than the parameters."""
+def optimizer_class_and_arguments(cfg, device: torch.device = torch.device("cpu")
+                                  ) -> tuple[type[torch.optim.Optimizer], dict]:
+    """The optimizer class a config names, and its constructor arguments other than the parameters, for
+    parameters on ``device``."""
     if cfg.name == "adamw":
         # The fused kernel is the fastest AdamW on CUDA and on the CPU alike (results/bench_optimizer_cpu.md).
         return torch.optim.AdamW, dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=True)
     if cfg.name == "mars":
         from mars import MARS
+        from mars.optimizer import triton_interpreter_enabled
 
+        if cfg.backend == "triton" and device.type != "cuda" and not triton_interpreter_enabled():
+            raise ValueError(f"optimizer.backend=triton needs a CUDA device, and the run is on {device}: use "
+                             "optimizer.backend=auto (Triton on CUDA, PyTorch elsewhere) or torch")
         return MARS, dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
                           amsgrad=cfg.amsgrad, gamma=cfg.gamma, is_approx=cfg.is_approx, mars_type=cfg.mars_type,
                           optimize_1d=cfg.optimize_1d, lr_1d=cfg.lr_1d, betas_1d=tuple(cfg.betas_1d),
                           weight_decay_1d=cfg.weight_decay_1d, backend=cfg.backend,
-                          ns_dtype=newton_schulz_dtype(cfg.ns_dtype))
+                          ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device))
     if cfg.name == "muon":
         from mars import Muon
 
         return Muon, dict(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, ns_steps=cfg.ns_steps,
                           weight_decay=cfg.weight_decay, adamw_lr=cfg.adamw_lr, adamw_betas=tuple(cfg.adamw_betas),
                           adamw_eps=cfg.adamw_eps, adamw_weight_decay=cfg.adamw_weight_decay,
-                          ns_dtype=newton_schulz_dtype(cfg.ns_dtype), adamw_variant=cfg.adamw_variant,
+                          ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device),
+                          adamw_variant=cfg.adamw_variant,
                           update_dtype=newton_schulz_dtype(cfg.update_dtype, key="update_dtype"))
     raise ValueError(f"unknown optimizer {cfg.name!r}")
 
@@ -48,10 +60,20 @@ def optimizer_class_and_arguments(cfg) -> tuple[type[torch.optim.Optimizer], dic
 NEWTON_SCHULZ_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def newton_schulz_dtype(name: str, key: str = "ns_dtype") -> torch.dtype:
-    """The dtype that ``optimizer.<key>`` names: Newton-Schulz's, or that of Muon's updates (same choices)."""
+def newton_schulz_dtype(name: str, key: str = "ns_dtype", device: torch.device | None = None) -> torch.dtype:
+    """The dtype that ``optimizer.<key>`` names: Newton-Schulz's, or that of Muon's updates (same choices).
+
+    ``auto`` (Newton-Schulz only) is the authors' bfloat16 on CUDA and float32 elsewhere: CPUs without bfloat16
+    matrix units run bfloat16 products ~10x slower than float32 ones (results/bench_newton_schulz_cpu.md).
+    """
+    if name == "auto" and device is not None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        log.info("Newton-Schulz in %s on %s (optimizer.%s=auto)", str(dtype).removeprefix("torch."), device.type,
+                 key)
+        return dtype
     if name not in NEWTON_SCHULZ_DTYPES:
-        raise ValueError(f"optimizer.{key} must be one of {sorted(NEWTON_SCHULZ_DTYPES)}, got {name!r}")
+        choices = sorted(NEWTON_SCHULZ_DTYPES) + (["auto"] if device is not None else [])
+        raise ValueError(f"optimizer.{key} must be one of {choices}, got {name!r}")
     return NEWTON_SCHULZ_DTYPES[name]
 
 
@@ -60,7 +82,8 @@ def build_optimizer(cfg, model: nn.Module, zero1: bool = False) -> torch.optim.O
 
     ZeRO-1 gives each rank whole parameters (never slices of one), which MARS's per-tensor norm clip needs.
     """
-    optimizer_class, arguments = optimizer_class_and_arguments(cfg)
+    device = next(model.parameters()).device
+    optimizer_class, arguments = optimizer_class_and_arguments(cfg, device)
     groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
     orthogonalises = cfg.name == "muon" or (cfg.name == "mars" and cfg.mars_type == "mars-shampoo")
     if orthogonalises and not zero1 and dist.is_initialized() and dist.get_world_size() > 1:

@@ -16,7 +16,7 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"train.device={name} but CUDA is not available: use train.device=cpu or auto")
+        raise ValueError(f"train.device={name} but CUDA is not available here: use train.device=cpu or auto")
     return device
 
 

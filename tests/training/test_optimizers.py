@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 from configs.schema import register_configs
 from mars import MARS, Muon
 from model import GPT, GPTConfig
-from training.optimizers import build_optimizer, param_groups
+from training.optimizers import build_optimizer, newton_schulz_dtype, param_groups
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 OPTIMIZERS = sorted(p.stem for p in Path(CONFIG_DIR, "optimizer").glob("*.yaml"))
@@ -82,4 +82,24 @@ def test_muon_defaults_to_the_authors_variant_and_its_options_reach_the_optimize
         assert (group["adamw_variant"], group["update_dtype"]) == ("torch", torch.float32)
         cfg = compose(config_name="config", overrides=["optimizer=muon", "optimizer.update_dtype=fp32"])
     with pytest.raises(ValueError, match="optimizer.update_dtype must be one of .*'fp32'"):
+        build_optimizer(cfg.optimizer, tiny_model())
+
+
+@pytest.mark.parametrize("optimizer", ["muon", "mars-shampoo"])
+def test_newton_schulz_precision_defaults_to_float32_on_cpus_and_bfloat16_on_cuda(optimizer, caplog):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=[f"optimizer={optimizer}"])
+    assert cfg.optimizer.ns_dtype == "auto"
+    with caplog.at_level("INFO", logger="train"):
+        assert build_optimizer(cfg.optimizer, tiny_model()).param_groups[0]["ns_dtype"] == torch.float32
+    assert "Newton-Schulz in float32 on cpu (optimizer.ns_dtype=auto)" in caplog.text
+    assert newton_schulz_dtype("auto", device=torch.device("cuda", 0)) == torch.bfloat16  # the authors'
+    assert newton_schulz_dtype("bfloat16", device=torch.device("cpu")) == torch.bfloat16  # an explicit choice stays
+
+
+def test_triton_backend_on_a_cpu_run_is_refused_before_training_with_the_fix(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # tests/conftest.py sets it; a user's run does not
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=["optimizer.backend=triton"])
+    with pytest.raises(ValueError, match="optimizer.backend=triton needs a CUDA device.*optimizer.backend=auto"):
         build_optimizer(cfg.optimizer, tiny_model())
