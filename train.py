@@ -81,6 +81,18 @@ def estimate_val_loss(model, batches: TokenBatches, eval_iters: int, autocast, c
     return sum_across_ranks(total.item(), ctx) / eval_iters
 
 
+def schedule_changes(saved_train: dict, t) -> list[str]:
+    """What a resume changes in the lr schedule's shape: a longer ``max_iters`` stretches the decay."""
+    saved_end = saved_train.get("decay_iters") or saved_train["max_iters"]
+    end = t.decay_iters or t.max_iters
+    if saved_end == end:
+        return []
+    return [f"the lr schedule now reaches train.min_lr at step {end} instead of the checkpoint's {saved_end} "
+            f"(train.max_iters {saved_train['max_iters']} -> {t.max_iters}, train.decay_iters "
+            f"{saved_train.get('decay_iters')} -> {t.decay_iters}): from here on the lr differs from the original "
+            "run's plan"]
+
+
 def default_run_name(cfg: DictConfig) -> str:
     choices = HydraConfig.get().runtime.choices
     return f"{choices.get('model', 'model')}-{choices.get('optimizer', cfg.optimizer.name)}-{cfg.data.name}"
@@ -150,6 +162,11 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
             start_step, tokens_seen, wandb_run_id = ckpt["step"], ckpt["tokens"], ckpt.get("wandb_run_id")
             skipped_steps = ckpt.get("skipped_steps", 0)
             log.info("resumed from %s at step %d", checkpoint_path, start_step)
+            for message in schedule_changes(ckpt["config"]["train"], t):
+                log.warning(message)
+            if start_step >= t.max_iters:
+                log.info("already at train.max_iters=%d: nothing to do (raise train.max_iters to train on)",
+                         t.max_iters)
     train_model = wrap_data_parallel(torch.compile(model) if t.compile else model, ctx)
 
     config_dict = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)

@@ -138,3 +138,15 @@ def test_wandb_offline_run_records_the_curves_and_its_id_in_the_checkpoint(tmp_p
     assert b"val/loss" in history and b"train/loss" in history
     checkpoint = torch.load(tmp_path / "checkpoints" / "ckpt_00000004.pt", weights_only=True)
     assert run_files[0].name == f"run-{checkpoint['wandb_run_id']}.wandb"  # a resume continues this run
+
+
+@pytest.mark.slow
+def test_resuming_a_finished_run_says_so_and_a_longer_run_says_its_schedule_stretches(tmp_path):
+    run = (*SMALL, "train.eval_interval=4", "train.checkpoint_interval=4")
+    run_train(tmp_path, *run, "train.max_iters=4")
+    finished = run_train(tmp_path, *run, "train.max_iters=4", "train.resume=true")
+    assert "already at train.max_iters=4: nothing to do" in finished.stdout
+    longer = run_train(tmp_path, *run, "train.max_iters=8", "train.resume=true")
+    assert "the lr schedule now reaches train.min_lr at step 8 instead of the checkpoint's 4" in longer.stdout
+    assert "nothing to do" not in longer.stdout
+    assert [r["step"] for r in metrics(tmp_path) if "val/loss" in r] == [0, 4, 8]
