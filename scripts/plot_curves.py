@@ -4,8 +4,10 @@
 
 For each corpus and model size, writes ``val_loss_vs_tokens_<corpus>_<model>.png`` and
 ``val_loss_vs_time_<corpus>_<model>.png`` under ``--out``: one line per optimizer (and token budget), from the
-setting with the best validation loss (see scripts/make_table.py). With several seeds the line is their mean
-and the band spans their lowest and highest loss. Training time is the sum of the logged ``step_ms`` (training
+setting with the best validation loss (see scripts/make_table.py), labelled with what sets it apart when there
+were several (``MARS-approx (gamma=0.05, best of 2 settings)``). With several seeds the line is their mean and
+the band spans their lowest and highest loss. Long runs (``ZOOM_EVALUATIONS`` evaluations or more) are drawn
+as the paper does, from the best loss to one unit above it; short ones in full, from the first evaluation. Training time is the sum of the logged ``step_ms`` (training
 steps only: evaluation and checkpointing are left out), read at each evaluation.
 """
 import logging
@@ -18,12 +20,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from scripts.runs import (Run, Setting, display_corpus, display_model, display_optimizer,  # noqa: E402
-                          group_settings, optimizer_order, plot_command, tokens_label)
+                          group_settings, optimizer_order, plot_command, setting_labels, tokens_label)
 
 log = logging.getLogger(__name__)
 
 TOKEN_UNITS = (("billions", 1e9), ("millions", 1e6), ("thousands", 1e3), ("", 1.0))
 TIME_UNITS = (("hours", 3600.0), ("minutes", 60.0), ("seconds", 1.0))
+ZOOM_EVALUATIONS = 20  # from this many evaluations per curve on, the first steps (from ~10.9) are cut off
 
 
 def training_seconds(run: Run, steps: np.ndarray) -> np.ndarray:
@@ -69,10 +72,12 @@ def plot_group(lines: list[tuple[str, Setting]], x_axis: str, title: str, path: 
     quantity = "training tokens" if x_axis == "tokens" else "training time"
     axes.set_xlabel(f"{quantity} ({unit})" if unit else quantity)
     axes.set_ylabel("validation loss")
-    # As in the paper's figures: the last unit of loss above the best, not the first steps from ~10.9.
     lowest = min(losses.mean(axis=0).min() for *_, losses in curves)
     highest = max(losses.max() for *_, losses in curves)
-    axes.set_ylim(lowest - 0.05, min(highest, lowest + 1.0) + 0.05)
+    if min(losses.shape[1] for *_, losses in curves) >= ZOOM_EVALUATIONS:
+        # As in the paper's figures: the last unit of loss above the best, not the first steps from ~10.9.
+        highest = min(highest, lowest + 1.0)
+    axes.set_ylim(lowest - 0.05, highest + 0.05)
     axes.set_title(title)
     axes.grid(alpha=0.3)
     axes.legend()
@@ -83,20 +88,21 @@ def plot_group(lines: list[tuple[str, Setting]], x_axis: str, title: str, path: 
 
 def plot_curves(runs: list[Run], out: Path) -> list[Path]:
     """Write both figures for every (corpus, model) among ``runs``; returns the files written."""
-    figures: dict[tuple[str, str], list[tuple[float, str, Setting]]] = {}
+    figures: dict[tuple[str, str], list[tuple[float, str, Setting, str]]] = {}
     for (corpus, model, budget, optimizer), settings in group_settings(runs).items():
         best = settings[0]
         if best.best_val_losses:
-            figures.setdefault((corpus, model), []).append((budget, optimizer, best))
+            picked = f" ({setting_labels(settings)[0]}, best of {len(settings)} settings)" if len(settings) > 1 else ""
+            figures.setdefault((corpus, model), []).append((budget, optimizer, best, picked))
     if not figures:
         raise ValueError("no runs with an evaluation: nothing to plot")
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for (corpus, model), entries in sorted(figures.items()):
         entries.sort(key=lambda entry: (entry[0], optimizer_order(entry[1])))
-        several_budgets = len({budget for budget, _, _ in entries}) > 1
-        lines = [(display_optimizer(optimizer) + (f", {tokens_label(budget)} tokens" if several_budgets else ""),
-                  setting) for budget, optimizer, setting in entries]
+        several_budgets = len({budget for budget, *_ in entries}) > 1
+        lines = [(display_optimizer(optimizer) + (f", {tokens_label(budget)} tokens" if several_budgets else "")
+                  + picked, setting) for budget, optimizer, setting, picked in entries]
         for x_axis in ("tokens", "time"):
             path = out / f"val_loss_vs_{x_axis}_{corpus}_{model}.png"
             plot_group(lines, x_axis, f"{display_model(model)}, {display_corpus(corpus)}", path)

@@ -51,6 +51,7 @@ class Run:
     gamma: float | None = None
     records: list[dict] = field(default_factory=list)
     max_iters: int | None = None  # the steps it is configured for; None if unknown
+    config: dict = field(default_factory=dict)  # the composed config as saved, when read from a run directory
 
     @property
     def evaluations(self) -> list[dict]:
@@ -140,7 +141,8 @@ def load_run(run_dir: Path) -> Run | None:
     return Run(name=str(run_dir), corpus=cfg["data"]["name"], model=model_label(cfg["model"]),
                optimizer=optimizer_label(cfg["optimizer"]), budget=budget,
                setting=json.dumps(setting, sort_keys=True), lr=cfg["optimizer"]["lr"],
-               gamma=cfg["optimizer"].get("gamma"), records=records, max_iters=cfg["train"]["max_iters"])
+               gamma=cfg["optimizer"].get("gamma"), records=records, max_iters=cfg["train"]["max_iters"],
+               config=cfg)
 
 
 def schema_defaults(schema: type) -> dict:
@@ -213,6 +215,27 @@ class Setting:
         """Each seed's best validation loss within its first ``tokens``, for the seeds that got past them."""
         losses = (run.best_val_loss_within(tokens) for run in self.runs)
         return [loss for loss in losses if loss is not None]
+
+
+def flat_items(tree: dict, prefix: str = "") -> dict[str, object]:
+    """A nested config as {"optimizer.gamma": 0.05, ...}."""
+    items = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            items.update(flat_items(value, f"{prefix}{key}."))
+        else:
+            items[f"{prefix}{key}"] = value
+    return items
+
+
+def setting_labels(settings: list[Setting]) -> list[str]:
+    """What tells the settings of one group apart, one label each: the keys whose values differ, e.g.
+    ``gamma=0.05, lr=0.003`` (empty for a single setting)."""
+    flat = [flat_items(json.loads(setting.first.setting)) for setting in settings]
+    keys = sorted({key for items in flat for key in items if any(items.get(key) != other.get(key) for other in flat)})
+    # Values as the run ran them: the setting leaves out optimizer keys at their defaults.
+    values = [{**items, **flat_items(setting.first.config)} for items, setting in zip(flat, settings)]
+    return [", ".join(f"{key.rsplit('.', 1)[-1]}={items.get(key)}" for key in keys) for items in values]
 
 
 def group_settings(runs: list[Run]) -> dict[tuple[str, str, float, str], list[Setting]]:

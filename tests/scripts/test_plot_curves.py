@@ -25,8 +25,37 @@ def test_each_optimizer_is_drawn_from_its_best_setting(paper_runs, tmp_path, mon
     monkeypatch.setattr(plot_curves_module, "plot_group", lambda lines, *args: drawn.append(lines))
     plot_curves(load_runs([str(paper_runs)]), tmp_path)
     lines = drawn[0]
-    assert [label for label, _ in lines] == ["AdamW", "MARS-approx"]
+    # MARS ran with two gammas: the line says which it drew; AdamW's seeds are one setting, nothing to say.
+    assert [label for label, _ in lines] == ["AdamW", "MARS-approx (gamma=0.025, best of 2 settings)"]
     assert len(lines[0][1].runs) == 2 and lines[1][1].first.gamma == 0.025
+
+
+def y_limits_of(runs, tmp_path, monkeypatch):
+    limits = []
+    real_subplots = plot_curves_module.plt.subplots
+
+    def recording_subplots(*args, **kwargs):
+        figure, axes = real_subplots(*args, **kwargs)
+        original = axes.set_ylim
+        axes.set_ylim = lambda *limit, **options: (limits.append(limit), original(*limit, **options))[1]
+        return figure, axes
+
+    monkeypatch.setattr(plot_curves_module.plt, "subplots", recording_subplots)
+    plot_curves(runs, tmp_path)
+    return limits[0]
+
+
+def test_short_runs_are_drawn_from_their_first_evaluation(make_run, tmp_path, monkeypatch):
+    make_run(tmp_path / "short", ["train.max_iters=200"], [10.8, 7.5, 6.8, 6.5, 6.3], tokens_per_step=1024)
+    low, high = y_limits_of(load_runs([str(tmp_path / "short")]), tmp_path / "out", monkeypatch)
+    assert low < 6.3 and high > 10.8
+
+
+def test_long_runs_are_zoomed_to_a_unit_above_the_best_loss(make_run, tmp_path, monkeypatch):
+    losses = [10.9] + list(np.linspace(4.0, 3.0, plot_curves_module.ZOOM_EVALUATIONS))
+    make_run(tmp_path / "long", ["train.max_iters=2000"], losses, tokens_per_step=1024)
+    low, high = y_limits_of(load_runs([str(tmp_path / "long")]), tmp_path / "out", monkeypatch)
+    assert low == pytest.approx(2.95) and high == pytest.approx(4.05)
 
 
 def test_seeds_are_aligned_at_the_evaluations_they_share(paper_runs):
