@@ -426,8 +426,13 @@ def prepare(source: dict, out: str | os.PathLike, *, split: str = FirstDocuments
 def _complete(out: Path, manifest: dict, documents: int) -> None:
     tokens = {split: sum(s["tokens"] for s in manifest["shards"] if s["split"] == split) for split in SPLITS}
     if not tokens["train"]:
-        raise ValueError(f"the corpus has only {tokens['val']} tokens, all held out for validation "
-                         f"({manifest['split']['description']}): delete {out} and lower --val-tokens")
+        # Whole documents cannot make a split of a corpus that is one long document (a single .txt file): a
+        # split that cuts inside a document can, so the advice names one that works.
+        tenth = max(1, tokens["val"] // 10)
+        raise ValueError(f"the corpus has only {tokens['val']:,} tokens in {documents:,} document(s), all held out "
+                         f"for validation ({manifest['split']['description']}): delete {out} and rerun with "
+                         f"`--split llm.c --val-tokens {tenth}`, which holds out the first {tenth:,} tokens "
+                         "(a tenth) and cuts the document there")
     manifest.update(complete=True, documents=documents, tokens=tokens,
                     max_token_id=max(s["max_token_id"] for s in manifest["shards"]))
     write_manifest(out, manifest)

@@ -1,5 +1,6 @@
 import json
 import os
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -160,8 +161,18 @@ def test_directory_of_foreign_shards_is_refused(tmp_path, jsonl_corpus):
 
 
 def test_corpus_smaller_than_the_val_split_is_refused(tmp_path, jsonl_corpus):
-    with pytest.raises(ValueError, match="lower --val-tokens"):
+    with pytest.raises(ValueError, match="all held out for validation"):
         prepare(files_source([jsonl_corpus]), tmp_path / "out", val_tokens=10**9, workers=1)
+
+
+def test_one_large_text_file_gets_advice_that_works(tmp_path, english_documents):
+    book = tmp_path / "book.txt"
+    book.write_text("\n\n".join(english_documents))  # one document: whole documents cannot split it
+    with pytest.raises(ValueError, match=r"rerun with `--split llm.c --val-tokens (\d+)`") as refused:
+        prepare(files_source([book]), tmp_path / "out", val_tokens=1_000, workers=1)
+    advised = int(re.search(r"--val-tokens (\d+)", str(refused.value)).group(1))
+    manifest = prepare(files_source([book]), tmp_path / "advised", split="llm.c", val_tokens=advised, workers=1)
+    assert manifest["tokens"]["val"] == advised and manifest["tokens"]["train"] > 0
 
 
 def test_missing_text_column_is_named(tmp_path, jsonl_corpus):
