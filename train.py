@@ -21,8 +21,8 @@ from data.loader import TokenBatches, build_batches
 from evaluation.hellaswag import correct_counts, training_items
 from model import GPT, GPTConfig
 from training.checkpoint import latest_checkpoint, save_checkpoint
-from training.distributed import (DistributedContext, all_gather_objects, barrier, init_distributed,
-                                  shutdown_distributed, sum_across_ranks, wrap_data_parallel)
+from training.distributed import (DistributedContext, all_gather_objects, barrier, distributed_session,
+                                  sum_across_ranks, wrap_data_parallel)
 from training.divergence import DivergenceGuard, TrainingDiverged
 from training.metrics import MetricsLogger
 from training.preemption import PreemptionSignal
@@ -111,11 +111,8 @@ def train(cfg: DictConfig) -> None:
     validate(cfg)
     t = cfg.train
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    ctx = init_distributed(resolve_device(t.device))
-    try:
+    with distributed_session(resolve_device(t.device)) as ctx:
         train_loop(cfg, t, run_dir, ctx)
-    finally:
-        shutdown_distributed()
 
 
 def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> None:

@@ -17,6 +17,7 @@ from mars.optimizer import (
     fill_new_defaults,
     float32_zeros_like,
     restore_float32_state,
+    WeakProcessGroup,
 )
 
 ADAMW_VARIANTS = ("authors", "torch")
@@ -61,7 +62,10 @@ class Muon(torch.optim.Optimizer):
     hold the same gradients): each rank then orthogonalises a share of the matrices, balanced by cost, and one
     all-reduce of an ``update_dtype`` buffer gives everyone every update, as the authors' multi-GPU code does
     with bfloat16 (``muon.py:87-110``). Adding zeros is exact, so N ranks step exactly as one process does.
+    The group is held weakly (:class:`mars.optimizer.WeakProcessGroup`): Muon does not keep it alive.
     """
+
+    process_group = WeakProcessGroup()
 
     def __init__(
         self,
@@ -186,6 +190,4 @@ class Muon(torch.optim.Optimizer):
         for key in ADDED_OPTIONS:
             self.defaults.setdefault(key, constructor[key].default)
         fill_new_defaults(self)
-        # Pickles leave out the process group (torch.optim.Optimizer.__getstate__): one process steps alone.
-        self.__dict__.setdefault("process_group", None)
 

@@ -6,6 +6,7 @@ The update rules live in :mod:`mars.reference`; the backends (:mod:`mars.torch_b
 import importlib
 import importlib.util
 import os
+import weakref
 from collections import defaultdict
 from collections.abc import Iterable
 from itertools import chain
@@ -94,6 +95,41 @@ def restore_float32_state(optimizer: torch.optim.Optimizer, state_dict: dict[str
         for key, value in state_dict["state"].get(saved_id, {}).items():
             if torch.is_tensor(value) and value.is_floating_point():
                 optimizer.state[param][key] = value.to(device=param.device, dtype=torch.float32, copy=True)
+
+
+class WeakProcessGroup:
+    """An optimizer's ``process_group`` attribute, held by weak reference: torch.distributed owns the group.
+
+    ``destroy_process_group()`` only drops torch's own references; a Gloo group stops its worker threads when
+    its last reference goes. An optimizer that kept it alive past the shutdown would leave those threads
+    running into interpreter finalization, where one releasing a collective's tensors aborts the process
+    (SIGABRT, "terminate called without an active exception"). Reading the attribute once the group is gone
+    raises rather than quietly stepping alone. A pickle leaves the group out (``Optimizer.__getstate__``): an
+    unpickled optimizer steps alone.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = f"_{name}_ref"
+
+    def __get__(self, optimizer: torch.optim.Optimizer | None, owner: type | None = None):
+        if optimizer is None:
+            return self
+        reference = optimizer.__dict__.get(self.slot)
+        if reference is None:
+            return None
+        group = reference()
+        if group is None:
+            raise RuntimeError(
+                f"the process group of this {type(optimizer).__name__} was destroyed "
+                "(torch.distributed.destroy_process_group); set its process_group to a live group, or to None "
+                "to step in one process"
+            )
+        return group
+
+    def __set__(self, optimizer: torch.optim.Optimizer, group: dist.ProcessGroup | None) -> None:
+        if group is not None and not isinstance(group, dist.ProcessGroup):
+            raise TypeError(f"process_group must be a torch.distributed.ProcessGroup or None, got {group!r}")
+        optimizer.__dict__[self.slot] = None if group is None else weakref.ref(group)
 
 
 def _reference_mars_group_step(
@@ -190,10 +226,13 @@ class MARS(torch.optim.Optimizer):
             take Newton-Schulz by torch matmuls: one tensor at a time with ``"reference"``, else same-shaped
             tensors batched (:func:`mars.newton_schulz.orthogonalise`).
         process_group: under DDP (every rank holding the same gradients), mars-shampoo shares its
-            Newton-Schulz work out across this group's ranks; the other rules are unaffected.
+            Newton-Schulz work out across this group's ranks; the other rules are unaffected. Held weakly
+            (:class:`WeakProcessGroup`): the optimizer does not keep the group alive past its destruction.
         ns_dtype: mars-shampoo's Newton-Schulz dtype: the official bfloat16, or float32 (~10x faster on CPUs
             without bfloat16 matrix units, and deterministic enough to compare batched with one-by-one).
     """
+
+    process_group = WeakProcessGroup()
 
     def __init__(
         self,

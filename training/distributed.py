@@ -1,11 +1,24 @@
 """Process-group setup for torchrun (NCCL on GPU, Gloo on CPU); a single process needs none of it."""
+import contextlib
+import gc
+import logging
 import os
+import traceback
+import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+# Before any group exists: torch.distributed.nn.functional binds ``group.WORLD`` as the default argument of its
+# collectives when first imported, and torch._dynamo imports it, which DDP's constructor and an optimizer's
+# first step import; imported after init_process_group, it would hold the default group for good (see
+# shutdown_distributed).
+import torch.distributed.nn  # noqa: F401
 from torch.nn.parallel import DistributedDataParallel
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,43 @@ def barrier(ctx: DistributedContext) -> None:
         dist.barrier()
 
 
+@contextlib.contextmanager
+def distributed_session(device: torch.device) -> Iterator[DistributedContext]:
+    """:func:`init_distributed`, then :func:`shutdown_distributed` however the block ends.
+
+    An exception's traceback keeps the frames it passed through, and their locals (the DDP module, the
+    optimizer) would keep the process group alive past the shutdown: those locals are cleared first (the
+    traceback still names every line).
+    """
+    ctx = init_distributed(device)
+    try:
+        yield ctx
+    except BaseException as err:
+        traceback.clear_frames(err.__traceback__)
+        raise
+    finally:
+        shutdown_distributed()
+
+
 def shutdown_distributed() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    """Destroy the process group, its Gloo worker threads joined, while the interpreter still runs.
+
+    ``destroy_process_group()`` only drops torch's registry of groups, and a Gloo group has no shutdown of its
+    own: its worker threads stop when its last reference goes. A worker can still be releasing a finished
+    collective's tensors, which takes the GIL. So the last reference must be the registry's, dropped here: a
+    Python handle of the group lets go of the GIL while its destructor joins the threads. Dropped later, by a
+    DDP module (its reducer keeps the GIL while it joins: both wait for ever) or at interpreter finalization
+    (the worker's GIL request ends its thread mid-destructor: "terminate called without an active exception",
+    SIGABRT), the process hangs or aborts at random.
+    Hence the DDP module and the optimizers must be gone before this is called (MARS and Muon hold their group
+    weakly), as :func:`distributed_session` sees to on an error path too.
+    """
+    if not dist.is_initialized():
+        return
+    gc.collect()  # a DDP module in a reference cycle (a module and its hooks) goes now, before the group
+    group = weakref.ref(dist.group.WORLD)
+    dist.destroy_process_group()
+    if group() is not None:
+        log.warning("the process group is still referenced after destroy_process_group(): its Gloo threads then "
+                    "outlive it, and the process may hang or abort (SIGABRT) as it exits; drop the DDP module "
+                    "and the optimizers (and the traceback frames holding them) before shutting down")

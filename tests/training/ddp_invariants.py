@@ -3,8 +3,12 @@
 Each rank trains on its own batches; DDP averages the gradients, and the optimizer step (including MARS's
 remembered gradient, copied out of DDP's gradient buckets, and the Newton-Schulz of Muon and MARS-Shampoo
 shared out across the ranks) must then agree bit for bit across ranks. Muon and MARS-Shampoo are also checked
-against a single-process optimizer stepping a copy of the parameters on the same averaged gradients. Exits
-non-zero if any check fails.
+against a single-process optimizer stepping a copy of the parameters on the same averaged gradients. Prints
+each failed check and exits 1 if any fails.
+
+The process group is set up and shut down as train.py does (training.distributed.distributed_session): the
+model, DDP and the optimizers live only in ``failed_checks``, so they are gone when the group is destroyed,
+and the process exits only after that, whatever happened.
 """
 import sys
 
@@ -14,10 +18,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from mars import MARS, Muon
 from model import GPT, GPTConfig
+from training.distributed import distributed_session
 
 
-def main() -> None:
-    dist.init_process_group("gloo")
+def failed_checks(optimizer_name: str) -> list[str]:
     rank = dist.get_rank()
     torch.manual_seed(0)
     # Two layers: Muon then has several matrices of each shape to batch and share out.
@@ -25,19 +29,17 @@ def main() -> None:
     ddp_model = DistributedDataParallel(model)
     params = list(model.parameters())
     shadow = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    if sys.argv[1] == "muon":
-        # The authors' bfloat16 updates: the ranks all-reduce a bfloat16 buffer.
-        muon = dict(lr=2e-2, ns_dtype=torch.float32, update_dtype=torch.bfloat16)
-        optimizer = Muon(params, **muon, process_group=dist.group.WORLD)
-        shadow_optimizer = Muon(shadow, **muon)
-    elif sys.argv[1] == "mars-shampoo":
+    if optimizer_name == "muon":
+        optimizer = Muon(params, lr=2e-2, ns_dtype=torch.float32, process_group=dist.group.WORLD)
+        shadow_optimizer = Muon(shadow, lr=2e-2, ns_dtype=torch.float32)
+    elif optimizer_name == "mars-shampoo":
         # float32 Newton-Schulz: in bfloat16, batching the same matrices differently changes the rounding, and
         # the iteration amplifies it (see tests/mars/test_optimizer.py).
         shampoo = dict(lr=1e-2, mars_type="mars-shampoo", backend="torch", ns_dtype=torch.float32)
         optimizer = MARS(params, **shampoo, process_group=dist.group.WORLD)
         shadow_optimizer = MARS(shadow, **shampoo)
     else:
-        optimizer = MARS(params, lr=1e-2, mars_type=sys.argv[1], backend="torch")
+        optimizer = MARS(params, lr=1e-2, mars_type=optimizer_name, backend="torch")
         shadow_optimizer = None
     generator = torch.Generator().manual_seed(100 + rank)
     for _ in range(4):
@@ -52,13 +54,24 @@ def main() -> None:
     flat = torch.cat([p.detach().flatten() for p in params])
     gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, flat)
-    identical = all(torch.equal(gathered[0], other) for other in gathered)
+    failures = [f"rank {other_rank}'s parameters differ from rank 0's"
+                for other_rank, other in enumerate(gathered) if not torch.equal(gathered[0], other)]
     if shadow_optimizer is not None:
         single = torch.cat([p.detach().flatten() for p in shadow])
-        torch.testing.assert_close(flat, single, rtol=1e-5, atol=1e-6)
-    dist.destroy_process_group()
-    sys.exit(0 if identical else 1)
+        try:
+            torch.testing.assert_close(flat, single, rtol=1e-5, atol=1e-6)
+        except AssertionError as mismatch:
+            failures.append(f"the shared Newton-Schulz steps differ from a single process's: {mismatch}")
+    return failures
+
+
+def main() -> int:
+    with distributed_session(torch.device("cpu")) as ctx:
+        failures = failed_checks(sys.argv[1])
+    for failure in failures:
+        print(f"rank {ctx.rank}: {failure}", file=sys.stderr)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
