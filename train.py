@@ -20,12 +20,15 @@ from configs.schema import grad_accum_steps_for, register_configs, validate
 from data.loader import TokenBatches, build_batches
 from evaluation.hellaswag import correct_counts, training_items
 from model import GPT, GPTConfig
-from training.checkpoint import latest_checkpoint, save_checkpoint
-from training.distributed import (DistributedContext, all_gather_objects, barrier, distributed_session,
+from training.checkpoint import (CheckpointSaveError, UnreadableCheckpoints, checkpoint_step, latest_checkpoint,
+                                 save_checkpoint)
+from training.distributed import (DistributedContext, all_gather_objects, distributed_session,
                                   sum_across_ranks, wrap_data_parallel)
 from training.divergence import DivergenceGuard, TrainingDiverged
 from training.metrics import MetricsLogger
 from training.preemption import PreemptionSignal
+from training.resume import check_resumable, config_changes, configured_hyperparameters, restore_hyperparameters
+from training.run_dir import RunDirectoryError, RunDirectoryLock, prepare_run_dir, write_hydra_record
 from training.optimizers import build_optimizer, full_state_dict, local_optimizer, state_bytes
 from training.runtime import (autocast_context, peak_flops, resolve_device, resolve_dtype, rng_state,
                               seed_everything, set_rng_state, set_tf32)
@@ -93,17 +96,53 @@ def schedule_changes(saved_train: dict, t) -> list[str]:
             "run's plan"]
 
 
+def resume_from(ckpt: dict, checkpoint_path: Path, config_dict: dict, model, optimizer,
+                ctx: DistributedContext) -> dict[str, tuple]:
+    """Load the checkpoint's weights, optimizer state and random streams; the configured hyperparameters then
+    replace the checkpoint's. Returns the settings that differ from the checkpoint's (each one logged).
+
+    Raises :class:`training.resume.ResumeRefused` when a change leaves the state without meaning.
+    """
+    changes = config_changes(ckpt["config"], config_dict)
+    check_resumable(changes, checkpoint_path)
+    configured = configured_hyperparameters(optimizer)
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    restore_hyperparameters(optimizer, configured)
+    rng_states = ckpt["rng"]
+    if len(rng_states) == ctx.world_size:
+        set_rng_state(rng_states[ctx.rank])
+    else:
+        log.warning("the checkpoint was written by %d processes, this run has %d: the random streams "
+                    "(dropout) restart from train.seed", len(rng_states), ctx.world_size)
+    log.info("resumed from %s at step %d", checkpoint_path, ckpt["step"])
+    for key, (old, new) in changes.items():
+        log.info("changed on resume: %s %r -> %r (from step %d on)", key, old, new, ckpt["step"])
+    return changes
+
+
 def default_run_name(cfg: DictConfig) -> str:
     choices = HydraConfig.get().runtime.choices
     return f"{choices.get('model', 'model')}-{choices.get('optimizer', cfg.optimizer.name)}-{cfg.data.name}"
+
+
+def lost_work_message(err: CheckpointSaveError, step: int, previous: Path | None) -> str:
+    """What failed, what is kept and how many steps a resume repeats."""
+    if previous is None:
+        kept = f"no earlier checkpoint exists: all {step} steps are lost"
+    else:
+        kept = (f"the previous checkpoint {previous} is intact: {step - checkpoint_step(previous)} steps are lost "
+                "and a resume repeats them")
+    return (f"{err} (step {step}); {kept}. Free space or fix the directory, then resume with "
+            "train.resume=true")
 
 
 @hydra.main(version_base=None, config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> None:
     try:
         train(cfg)
-    except (ValueError, FileNotFoundError, TrainingDiverged) as err:
-        # Bad input and divergence end the run with their one message, not a traceback to dig through.
+    except (ValueError, FileNotFoundError, TrainingDiverged, CheckpointSaveError, UnreadableCheckpoints) as err:
+        # Bad input, divergence and storage faults end the run with their one message, not a traceback.
         raise SystemExit(f"error: {err}") from None
 
 
@@ -111,8 +150,30 @@ def train(cfg: DictConfig) -> None:
     validate(cfg)
     t = cfg.train
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    with distributed_session(resolve_device(t.device)) as ctx:
+    with distributed_session(resolve_device(t.device)) as ctx, run_directory(run_dir, cfg, ctx):
         train_loop(cfg, t, run_dir, ctx)
+
+
+@contextlib.contextmanager
+def run_directory(run_dir: Path, cfg: DictConfig, ctx: DistributedContext):
+    """Rank 0 locks ``run_dir`` for the run's lifetime, checks it and writes .hydra/; every rank stops alike
+    when the directory cannot be used."""
+    lock = RunDirectoryLock(run_dir)
+    problem = None
+    if ctx.is_main:
+        try:
+            lock.acquire()
+            prepare_run_dir(run_dir, resume=cfg.train.resume, overwrite=cfg.train.overwrite)
+            write_hydra_record(run_dir, cfg)
+        except RunDirectoryError as err:
+            problem = str(err)
+    problems = [message for message in all_gather_objects(problem, ctx) if message]
+    try:
+        if problems:
+            raise RunDirectoryError(problems[0])
+        yield
+    finally:
+        lock.release()
 
 
 def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> None:
@@ -142,23 +203,17 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
     seed_everything(t.seed + ctx.rank)  # independent dropout per rank
 
     start_step, tokens_seen, checkpoint_path, wandb_run_id, skipped_steps = 0, 0, None, None, 0
+    config_dict = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    changes = {}
     if t.resume:
         found = latest_checkpoint(run_dir, device)
         if found is None:
             log.info("train.resume=true but %s has no checkpoint yet: starting from scratch", run_dir)
         else:
             checkpoint_path, ckpt = found
-            model.load_state_dict(ckpt["model"])
-            optimizer.load_state_dict(ckpt["optimizer"])
-            rng_states = ckpt["rng"]
-            if len(rng_states) == ctx.world_size:
-                set_rng_state(rng_states[ctx.rank])
-            else:
-                log.warning("the checkpoint was written by %d processes, this run has %d: the random streams "
-                            "(dropout) restart from train.seed", len(rng_states), ctx.world_size)
+            changes = resume_from(ckpt, checkpoint_path, config_dict, model, optimizer, ctx)
             start_step, tokens_seen, wandb_run_id = ckpt["step"], ckpt["tokens"], ckpt.get("wandb_run_id")
             skipped_steps = ckpt.get("skipped_steps", 0)
-            log.info("resumed from %s at step %d", checkpoint_path, start_step)
             for message in schedule_changes(ckpt["config"]["train"], t):
                 log.warning(message)
             if start_step >= t.max_iters:
@@ -166,10 +221,12 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
                          t.max_iters)
     train_model = wrap_data_parallel(torch.compile(model) if t.compile else model, ctx)
 
-    config_dict = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     metrics = MetricsLogger(run_dir, cfg.wandb, config_dict, cfg.wandb.run_name or default_run_name(cfg),
                             wandb_run_id, enabled=ctx.is_main)
     metrics.discard_after(start_step if checkpoint_path else -1)  # a fresh start keeps nothing of an old log
+    if changes:  # the log says from which step on the run ran with which changed settings
+        metrics.record({"step": start_step, "resumed_from": str(checkpoint_path),
+                        "changed": {key: list(values) for key, values in changes.items()}})
     tokens_per_step = t.batch_size * t.block_size * t.grad_accum_steps * ctx.world_size
     flops_peak = peak_flops(device)
     log.info("model %.2fM parameters | %d processes | global batch %d tokens (%d x %d x %d accumulation x %d "
@@ -194,13 +251,20 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
     def checkpoint(step: int) -> Path:
         rng_states = all_gather_objects(rng_state(), ctx)
         optimizer_state = full_state_dict(optimizer)
-        path = None
+        path, failure = None, None
         if ctx.is_main:
             state = {"model": model.state_dict(), "optimizer": optimizer_state, "step": step,
                      "tokens": tokens_seen, "rng": rng_states, "config": config_dict,
                      "wandb_run_id": metrics.wandb_run_id, "skipped_steps": guard.skipped_steps}
-            path = save_checkpoint(run_dir, step, state, keep=t.keep_checkpoints)
-        barrier(ctx)  # nobody moves on (or exits) before the checkpoint is on disk
+            try:
+                path = save_checkpoint(run_dir, step, state, keep=t.keep_checkpoints)
+            except CheckpointSaveError as err:
+                failure = lost_work_message(err, step, checkpoint_path)
+        # A gather, not a barrier: nobody moves on (or exits) before the checkpoint is on disk, and a failed
+        # save stops every rank.
+        failures = [message for message in all_gather_objects(failure, ctx) if message]
+        if failures:
+            raise CheckpointSaveError(failures[0])
         return path
 
     schedule = dict(min_lr=t.min_lr, warmup_iters=t.warmup_iters,

@@ -7,9 +7,11 @@ live in ``validate``.
 import dataclasses
 import datetime
 import difflib
+import itertools
 import os
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -150,6 +152,9 @@ class TrainConfig:
     checkpoint_interval: int = 250
     keep_checkpoints: int = 2
     resume: bool = False
+    # A fresh start (resume=false) in a directory that holds another run's checkpoints or log deletes them
+    # instead of refusing to start.
+    overwrite: bool = False
     hellaswag_interval: int = 0  # steps between HellaSwag evaluations (and one at the end); 0: none
     hellaswag_file: Optional[str] = None  # null: the data cache's copy (python -m evaluation.hellaswag --download)
     hellaswag_items: Optional[int] = None  # evaluate the first N items only; null: all 10,042
@@ -177,21 +182,37 @@ class Config:
 OPTIMIZER_SCHEMAS: dict[str, type] = {"adamw": AdamWConfig, "mars": MarsConfig, "muon": MuonConfig}
 
 
-def run_stamp() -> str:
-    """The run directory's name under outputs/: the start time, or torchrun's run id under torchrun.
+_claimed_run_dirs: dict[str, str] = {}
+
+
+def unique_run_dir(parent: str = "outputs") -> str:
+    """A new run directory under ``parent``: named by the start time, or by torchrun's run id under torchrun.
 
     Every rank of a torchrun job (and every elastic restart of it) sees the same run id, while their clocks may
-    straddle a second: the ranks must agree on one directory.
+    straddle a second: the ranks must agree on one directory. Without torchrun the directory is claimed by
+    creating it (atomic, also on shared file systems), with a -2, -3, ... suffix when another run started in
+    the same second took the name first. One claim per process, however often the config is resolved.
     """
+    if parent in _claimed_run_dirs:
+        return _claimed_run_dirs[parent]
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
     if run_id != "none":
-        return f"torchrun-{run_id}"
-    return datetime.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+        return f"{parent}/torchrun-{run_id}"
+    stamp = f"{parent}/{datetime.datetime.now().strftime('%Y-%m-%d/%H-%M-%S')}"
+    Path(stamp).parent.mkdir(parents=True, exist_ok=True)
+    for attempt in itertools.count(1):
+        candidate = stamp if attempt == 1 else f"{stamp}-{attempt}"
+        try:
+            os.mkdir(candidate)
+        except FileExistsError:
+            continue
+        _claimed_run_dirs[parent] = candidate
+        return candidate
 
 
 def register_configs() -> None:
-    if not OmegaConf.has_resolver("run_stamp"):
-        OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)
+    if not OmegaConf.has_resolver("unique_run_dir"):
+        OmegaConf.register_new_resolver("unique_run_dir", unique_run_dir, use_cache=True)
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
     for name, schema in OPTIMIZER_SCHEMAS.items():

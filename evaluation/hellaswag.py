@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from data.corpora import data_root
 from data.tokenizer import gpt2_encoding
+from training.checkpoint import UnreadableCheckpoints
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 NUM_ENDINGS = 4
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
         autocast = autocast_context(device, resolve_dtype(Precision.auto, device))
         scores = evaluate_hellaswag(model, load_items(data, args.limit), device, autocast, args.batch_size,
                                     max_length=model.config.block_size)
-    except (ValueError, FileNotFoundError, ConnectionError) as err:
+    except (ValueError, FileNotFoundError, ConnectionError, UnreadableCheckpoints) as err:
         raise SystemExit(f"error: {err}") from None
     print(json.dumps({"checkpoint": str(checkpoint), "data": str(data), **scores}))
 

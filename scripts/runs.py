@@ -2,7 +2,8 @@
 
 A run directory is what train.py writes: ``metrics.jsonl`` and ``.hydra/config.yaml``. Each run is labelled by
 corpus, model size, optimizer and token budget; runs whose configs differ only in the seed (or in settings that
-do not change the result: device, paths, logging, checkpointing) share a ``setting`` and count as seeds of it.
+do not change the result: device, paths, logging, checkpointing) share a ``setting`` and count as seeds of it;
+a run resumed with changed settings (a ``changed`` record in its log) is a setting of its own.
 Besides a run's best validation loss, its best within the first B tokens (``Run.best_val_loss_within``) is what
 a shorter budget B reads off a longer run.
 Used by ``scripts.make_table`` and ``scripts.plot_curves``.
@@ -23,6 +24,7 @@ from omegaconf import OmegaConf
 
 from configs.schema import OPTIMIZER_SCHEMAS, ModelConfig, TrainConfig
 from training.metrics import METRICS_FILE, read_metrics
+from training.resume import flat_items
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +140,24 @@ def load_run(run_dir: Path) -> Run | None:
                "data": {key: value for key, value in cfg["data"].items() if key != "dir"},
                "train": {key: cfg["train"].get(key, train_defaults.get(key)) for key in SETTING_KEYS},
                "tokens_per_step": tokens_per_step}
+    # A run resumed with changed settings ran part of its steps under others than its saved config says: it is
+    # a setting of its own, never a seed of the config it ended with.
+    changes = [{"step": r["step"], "changed": changed} for r in records
+               if (changed := {key: values for key, values in r.get("changed", {}).items() if changes_setting(key)})]
+    if changes:
+        setting["changed_on_resume"] = changes
     return Run(name=str(run_dir), corpus=cfg["data"]["name"], model=model_label(cfg["model"]),
                optimizer=optimizer_label(cfg["optimizer"]), budget=budget,
                setting=json.dumps(setting, sort_keys=True), lr=cfg["optimizer"]["lr"],
                gamma=cfg["optimizer"].get("gamma"), records=records, max_iters=cfg["train"]["max_iters"],
                config=cfg)
+
+
+def changes_setting(key: str) -> bool:
+    """Whether a config key (``optimizer.lr``) is part of what :func:`load_run` calls a run's setting."""
+    section, _, name = key.partition(".")
+    return (section in ("model", "optimizer") or (section == "data" and name != "dir")
+            or (section == "train" and name in SETTING_KEYS))
 
 
 def schema_defaults(schema: type) -> dict:
@@ -215,17 +230,6 @@ class Setting:
         """Each seed's best validation loss within its first ``tokens``, for the seeds that got past them."""
         losses = (run.best_val_loss_within(tokens) for run in self.runs)
         return [loss for loss in losses if loss is not None]
-
-
-def flat_items(tree: dict, prefix: str = "") -> dict[str, object]:
-    """A nested config as {"optimizer.gamma": 0.05, ...}."""
-    items = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            items.update(flat_items(value, f"{prefix}{key}."))
-        else:
-            items[f"{prefix}{key}"] = value
-    return items
 
 
 def setting_labels(settings: list[Setting]) -> list[str]:

@@ -49,17 +49,25 @@ def test_run_resumed_from_a_checkpoint_continues_exactly_like_the_uninterrupted_
     assert [r["step"] for r in resumed_records] == [r["step"] for r in records]  # no duplicated log lines
 
 
-def test_a_fresh_run_in_a_used_directory_replaces_the_old_log(tmp_path):
-    run = (*SMALL, "train.max_iters=4", "train.eval_interval=4")
-    run_train(tmp_path, *run, "optimizer.lr=1e-2")
-    first = metrics(tmp_path)
-    run_train(tmp_path, *run, "optimizer.lr=2e-2", "train.resume=true")  # finds the step-4 checkpoint: resumes
-    assert metrics(tmp_path) == first
-    shutil.rmtree(tmp_path / "checkpoints")
-    run_train(tmp_path, *run, "optimizer.lr=2e-2")
+def test_a_fresh_run_in_a_used_directory_is_refused_unless_overwrite_and_then_keeps_nothing_of_the_old_run(tmp_path):
+    run = (*SMALL, "train.max_iters=4", "train.eval_interval=4", "train.checkpoint_interval=2",
+           "train.keep_checkpoints=1")
+    run_train(tmp_path, *run, "train.max_iters=6")
+    first, first_config = metrics(tmp_path), (tmp_path / ".hydra" / "config.yaml").read_text()
+
+    refused = run_train(tmp_path, *run, "optimizer.lr=2e-2", check=False)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "already holds a run" in refused.stderr and "train.overwrite=true" in refused.stderr
+    assert metrics(tmp_path) == first  # the old run's log, checkpoint and record of its config are untouched
+    assert (tmp_path / ".hydra" / "config.yaml").read_text() == first_config
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["ckpt_00000006.pt"]
+
+    run_train(tmp_path, *run, "optimizer.lr=2e-2", "train.overwrite=true")
     second = metrics(tmp_path)
-    assert [r["step"] for r in second] == [r["step"] for r in first]  # not appended to the old records
-    assert second[-1]["val/loss"] != first[-1]["val/loss"]
+    assert [r["step"] for r in second] == [0, 1, 2, 3, 4, 4]  # not appended to the old records
+    # The old run's higher-numbered checkpoint is gone: pruning and resume see only the new run.
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["ckpt_00000004.pt"]
+    assert "lr: 0.02" in (tmp_path / ".hydra" / "config.yaml").read_text()
 
 
 @pytest.mark.slow

@@ -8,8 +8,21 @@ import torch
 log = logging.getLogger(__name__)
 
 
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written; the partial file is gone and the previous checkpoints are intact."""
+
+
+class UnreadableCheckpoints(RuntimeError):
+    """Checkpoints exist but none of them loads: resuming would silently start the run over."""
+
+
 def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint file was saved at, from its name (ckpt_00000250.pt)."""
+    return int(Path(path).stem.removeprefix("ckpt_"))
 
 
 def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
@@ -18,11 +31,15 @@ def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"ckpt_{step:08d}.pt"
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
+        tmp.unlink(missing_ok=True)  # a partial file would fill the disk further and confuse the next save
+        raise CheckpointSaveError(f"could not write {path}: {err}") from err
     for old in sorted(directory.glob("ckpt_*.pt"))[:-keep]:
         old.unlink()
     return path
@@ -33,10 +50,20 @@ def load_checkpoint(path: Path, device: torch.device) -> dict:
 
 
 def latest_checkpoint(run_dir: Path, device: torch.device) -> tuple[Path, dict] | None:
-    """The newest checkpoint that loads, skipping (and reporting) any that are corrupt."""
-    for path in sorted(checkpoint_dir(run_dir).glob("ckpt_*.pt"), reverse=True):
+    """The newest checkpoint that loads, skipping (and reporting) any that are corrupt; None when there is none.
+
+    Raises :class:`UnreadableCheckpoints` when there are checkpoints and none loads.
+    """
+    paths = sorted(checkpoint_dir(run_dir).glob("ckpt_*.pt"), reverse=True)
+    for path in paths:
         try:
             return path, load_checkpoint(path, device)
         except Exception as err:  # a torn or foreign file: fall back to the previous checkpoint
             log.warning("skipping unreadable checkpoint %s: %s", path, err)
+    if paths:
+        raise UnreadableCheckpoints(
+            f"none of the {len(paths)} checkpoints in {checkpoint_dir(run_dir)} can be read "
+            f"({', '.join(p.name for p in paths)}); nothing to resume from. Restore a readable copy, or start over "
+            "with train.resume=false train.overwrite=true (deletes them)"
+        )
     return None

@@ -77,11 +77,17 @@ class MetricsLogger:
         with open(self.path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in kept)
 
-    def log(self, record: dict) -> None:
+    def record(self, record: dict) -> None:
+        """Append ``record`` to the log file only (an event such as a resume, not a metric)."""
         if not self.enabled:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self.record(record)
         if self.wandb_run is not None:
             self.wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
         log.info(format_record(record))

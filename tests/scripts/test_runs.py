@@ -1,4 +1,5 @@
 """Labelling runs read back from their directories: model size, optimizer, nominal token budget, seeds."""
+import json
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,18 @@ def test_a_muon_run_saved_before_the_authors_variant_counts_as_torch_adamw_with_
     [settings] = group_settings(load_runs([str(tmp_path)])).values()
     by_size = sorted(settings, key=lambda setting: len(setting.runs))
     assert [sorted(Path(run.name).name for run in s.runs) for s in by_size] == [["authors"], ["old", "torch"]]
+
+
+def test_a_run_resumed_with_changed_settings_is_not_pooled_with_runs_of_its_final_config(tmp_path, make_run):
+    base = ["optimizer=mars-adamw", "train.max_iters=10", "optimizer.lr=1e-2"]
+    changed = make_run(tmp_path / "changed", base, [10.8, 6.0], 1024)
+    make_run(tmp_path / "plain", [*base, "train.seed=2"], [10.8, 6.2], 1024)
+    moved = make_run(tmp_path / "moved", [*base, "train.seed=3"], [10.8, 6.3], 1024)
+    with open(changed / "metrics.jsonl", "a") as log:  # what train.py records on such a resume
+        log.write(json.dumps({"step": 5, "resumed_from": "ckpt", "changed": {"optimizer.lr": [3e-3, 1e-2]}}) + "\n")
+    with open(moved / "metrics.jsonl", "a") as log:  # a change that does not alter what the run computes
+        log.write(json.dumps({"step": 5, "resumed_from": "ckpt", "changed": {"data.dir": ["a", "b"],
+                                                                             "train.device": ["cpu", "auto"]}}) + "\n")
+    [settings] = group_settings(load_runs([str(tmp_path)])).values()
+    assert sorted(sorted(Path(run.name).name for run in setting.runs) for setting in settings) == [
+        ["changed"], ["moved", "plain"]]

@@ -1,6 +1,7 @@
 """A run killed at an arbitrary step resumes exactly: the same losses as the run that was never interrupted."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -111,3 +112,85 @@ def worker_pids(run_dir) -> list[int]:
         if f"hydra.run.dir={run_dir}".encode() in args and b"torch.distributed.run" not in args:
             pids.append(int(cmdline.parent.name))
     return pids
+
+
+def interrupted_copy(uninterrupted_dir, tmp_path, name):
+    """The uninterrupted run's directory as if killed after its step-8 checkpoint."""
+    copy = tmp_path / name
+    shutil.copytree(uninterrupted_dir, copy)
+    for path in (copy / "checkpoints").glob("ckpt_*.pt"):
+        if path.name != "ckpt_00000008.pt":
+            path.unlink()
+    return copy
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_dir(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("kept") / "run"
+    complete_run(run_dir, "train.keep_checkpoints=4")
+    return run_dir
+
+
+# The lr is pinned down in test_resume_settings.py: here its change would move the losses even when ignored
+# (the absolute min_lr changes the schedule's shape).
+@pytest.mark.parametrize("change, new_value", [("optimizer.gamma=0.2", 0.2),
+                                               ("optimizer.betas=[0.5,0.5]", [0.5, 0.5]),
+                                               ("optimizer.weight_decay=0.5", 0.5)])
+def test_a_hyperparameter_changed_on_resume_takes_effect_and_is_recorded(tmp_path, uninterrupted_dir, change,
+                                                                         new_value):
+    resumed = interrupted_copy(uninterrupted_dir, tmp_path, "resumed")
+    result = subprocess.run(command(resumed, "train.resume=true", "train.keep_checkpoints=4", change), cwd=REPO,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    key = change.split("=")[0]
+    assert f"changed on resume: {key}" in result.stdout
+    records = read_metrics(resumed)
+    before, after = train_losses(read_metrics(uninterrupted_dir)), train_losses(records)
+    assert {s: after[s] for s in after if s <= 8} == {s: before[s] for s in before if s <= 8}
+    # The checkpoint's hyperparameters used to win over the configured ones: the losses would not move.
+    assert all(after[s] != before[s] for s in range(10, 17)), change
+    event = next(r for r in records if "changed" in r)
+    assert event["step"] == 8 and list(event["changed"]) == [key]
+    assert event["changed"][key][1] == new_value
+
+
+@pytest.mark.parametrize("change, key", [
+    ("model.n_embd=64", "model.n_embd"),
+    ("model.vocab_size=50257", "model.vocab_size"),
+    ("optimizer=adamw", "optimizer.name"),
+    ("optimizer.mars_type=mars-lion", "optimizer.mars_type"),
+    ("optimizer.is_approx=false", "optimizer.is_approx"),
+])
+def test_a_resume_that_would_make_the_state_meaningless_stops_naming_the_key(tmp_path, uninterrupted_dir, change,
+                                                                            key):
+    resumed = interrupted_copy(uninterrupted_dir, tmp_path, "resumed")
+    log_before = (resumed / "metrics.jsonl").read_text()
+    result = subprocess.run(command(resumed, "train.resume=true", change), cwd=REPO, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert f"with a changed {key} (checkpoint" in result.stderr
+    assert (resumed / "metrics.jsonl").read_text() == log_before
+
+
+def test_a_resume_with_every_checkpoint_unreadable_stops_naming_them_and_keeps_the_log(tmp_path, uninterrupted_dir):
+    resumed = interrupted_copy(uninterrupted_dir, tmp_path, "resumed")
+    (resumed / "checkpoints" / "ckpt_00000008.pt").write_bytes(b"torn")
+    (resumed / "checkpoints" / "ckpt_00000004.pt").write_bytes(b"")
+    log_before = (resumed / "metrics.jsonl").read_text()
+    result = subprocess.run(command(resumed, "train.resume=true"), cwd=REPO, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "none of the 2 checkpoints" in result.stderr and "ckpt_00000004.pt, " not in result.stderr
+    assert "ckpt_00000008.pt, ckpt_00000004.pt" in result.stderr
+    assert (resumed / "metrics.jsonl").read_text() == log_before
+
+
+def test_a_resume_without_checkpoint_keeps_the_earlier_log_aside_and_starts_over(tmp_path, uninterrupted_dir):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    earlier = (uninterrupted_dir / "metrics.jsonl").read_text()
+    (run_dir / "metrics.jsonl").write_text(earlier)
+    complete_run(run_dir, "train.resume=true")
+    kept = list(run_dir.glob("metrics.before-restart-*.jsonl"))
+    assert len(kept) == 1 and kept[0].read_text() == earlier
+    assert train_losses(read_metrics(run_dir)) == train_losses(read_metrics(uninterrupted_dir))

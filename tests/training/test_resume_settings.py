@@ -1,0 +1,123 @@
+"""What a resume does with settings that differ from the checkpoint's: configured hyperparameters win, and keys
+that define the state are refused by name."""
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from configs.schema import OPTIMIZER_SCHEMAS, ModelConfig, register_configs
+from model import GPT, GPTConfig
+from train import resume_from
+from training.distributed import DistributedContext
+from training.optimizers import build_optimizer
+from training.resume import STATE_DEFINING_KEYS, ResumeRefused, check_resumable, config_changes
+from training.runtime import rng_state
+from training.schedule import apply_schedule, learning_rate
+
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+OPTIMIZERS = sorted(p.stem for p in Path(CONFIG_DIR, "optimizer").glob("*.yaml"))
+SCHEDULE = dict(min_lr=1e-4, warmup_iters=2, decay_iters=20, schedule="cosine", decay_fraction=0.2)
+register_configs()
+
+
+def composed(*overrides):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=["model.n_layer=1", "model.n_head=2", "model.n_embd=16",
+                                                       "model.vocab_size=64", "model.block_size=8", *overrides])
+    return cfg
+
+
+def trained_checkpoint(cfg, steps=3):
+    """A checkpoint as train.py writes it, after ``steps`` scheduled steps of ``cfg``."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**OmegaConf.to_container(cfg.model)))
+    optimizer = build_optimizer(cfg.optimizer, model)
+    for step in range(steps):
+        apply_schedule(optimizer, step, SCHEDULE, cfg.optimizer)
+        idx = torch.randint(0, 64, (2, 8))
+        model(idx, idx)[1].backward()
+        if getattr(optimizer, "needs_lookahead_grad", False):
+            optimizer.stash_lookahead_grad()
+        optimizer.step()
+        optimizer.zero_grad()
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": steps, "tokens": 0,
+            "rng": [rng_state()], "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)}
+
+
+def resumed(cfg, checkpoint):
+    model = GPT(GPTConfig(**OmegaConf.to_container(cfg.model)))
+    optimizer = build_optimizer(cfg.optimizer, model)
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    changes = resume_from(checkpoint, Path("ckpt_00000003.pt"), config, model, optimizer, DistributedContext())
+    return optimizer, changes
+
+
+def hyperparameters(optimizer):
+    return [{key: value for key, value in group.items() if key not in ("params", "peak_lr")}
+            for group in optimizer.param_groups]
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_resumed_optimizer_runs_at_the_configured_lr_not_the_checkpoints(name):
+    checkpoint = trained_checkpoint(composed(f"optimizer={name}", "optimizer.lr=3e-3"))
+    cfg = composed(f"optimizer={name}", "optimizer.lr=1e-2")
+    optimizer, changes = resumed(cfg, checkpoint)
+    assert changes["optimizer.lr"] == (3e-3, 1e-2)
+    lr = apply_schedule(optimizer, 3, SCHEDULE, cfg.optimizer)
+    assert lr == learning_rate(3, peak_lr=1e-2, **SCHEDULE)
+    # Every group moves with the configured schedule (groups with a lr of their own keep their ratio to it).
+    fresh = build_optimizer(cfg.optimizer, GPT(GPTConfig(**OmegaConf.to_container(cfg.model))))
+    apply_schedule(fresh, 3, SCHEDULE, cfg.optimizer)
+    assert hyperparameters(optimizer) == hyperparameters(fresh)
+
+
+@pytest.mark.parametrize("name, overrides", [
+    ("mars-adamw", ["optimizer.gamma=0.1", "optimizer.betas=[0.9,0.9]", "optimizer.weight_decay=0.2",
+                    "optimizer.lr_1d=1e-3", "optimizer.weight_decay_1d=0.0"]),
+    ("muon", ["optimizer.momentum=0.9", "optimizer.adamw_lr=1e-3", "optimizer.weight_decay=0.1"]),
+    ("adamw", ["optimizer.betas=[0.8,0.9]", "optimizer.weight_decay=0.3", "optimizer.eps=1e-6"]),
+])
+def test_changed_hyperparameters_replace_the_checkpoints_and_the_state_is_kept(name, overrides):
+    checkpoint = trained_checkpoint(composed(f"optimizer={name}"))
+    cfg = composed(f"optimizer={name}", *overrides)
+    optimizer, changes = resumed(cfg, checkpoint)
+    assert set(changes) == {override.split("=")[0] for override in overrides}
+    fresh = build_optimizer(cfg.optimizer, GPT(GPTConfig(**OmegaConf.to_container(cfg.model))))
+    assert hyperparameters(optimizer) == hyperparameters(fresh)
+    saved_state = checkpoint["optimizer"]["state"]
+    loaded_state = optimizer.state_dict()["state"]
+    assert saved_state.keys() == loaded_state.keys()
+    for index, state in saved_state.items():
+        for key, value in state.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(loaded_state[index][key])), (index, key)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("model.n_embd=32", "model.n_embd"),
+    ("model.n_layer=2", "model.n_layer"),
+    ("optimizer=adamw", "optimizer.name"),
+    ("optimizer.mars_type=mars-lion", "optimizer.mars_type"),
+    ("optimizer.is_approx=false", "optimizer.is_approx"),
+    ("optimizer.amsgrad=true", "optimizer.amsgrad"),
+    ("optimizer.decay_embeddings=true", "optimizer.decay_embeddings"),
+])
+def test_a_change_that_makes_the_state_meaningless_is_refused_before_loading(override, key):
+    checkpoint = trained_checkpoint(composed("optimizer=mars-adamw", "optimizer.decay_embeddings=false"))
+    cfg = composed("optimizer=mars-adamw", "optimizer.decay_embeddings=false", override)
+    with pytest.raises(ResumeRefused, match=rf"changed {key} \(checkpoint .*, now .*\)"):
+        resumed(cfg, checkpoint)
+
+
+def test_keys_a_checkpoint_does_not_record_are_not_reported_as_changed():
+    saved = {"model": {"n_layer": 2}, "train": {"resume": False}}
+    configured = {"model": {"n_layer": 2, "activation": "gelu_tanh"}, "train": {"resume": True}}
+    assert config_changes(saved, configured) == {}  # activation: unknown before; resume: how this launch starts
+
+
+def test_every_state_defining_key_is_a_config_key():
+    fields = {f"model.{key}" for key in ModelConfig.__dataclass_fields__}
+    fields |= {f"optimizer.{key}" for schema in OPTIMIZER_SCHEMAS.values() for key in schema.__dataclass_fields__}
+    assert set(STATE_DEFINING_KEYS) <= fields
+    check_resumable({"optimizer.lr": (1e-3, 2e-3)}, "ckpt.pt")  # hyperparameters pass
