@@ -21,7 +21,7 @@ from data.loader import TokenBatches, build_batches
 from evaluation.hellaswag import correct_counts, training_items
 from model import GPT, GPTConfig
 from training.checkpoint import (CheckpointSaveError, UnreadableCheckpoints, checkpoint_step, latest_checkpoint,
-                                 save_checkpoint)
+                                 save_checkpoint, set_aside_checkpoints_after)
 from training.distributed import (DistributedContext, all_gather_objects, distributed_session,
                                   sum_across_ranks, wrap_data_parallel)
 from training.divergence import DivergenceGuard, TrainingDiverged
@@ -212,6 +212,8 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
         else:
             checkpoint_path, ckpt = found
             changes = resume_from(ckpt, checkpoint_path, config_dict, model, optimizer, ctx)
+            if ctx.is_main:
+                set_aside_checkpoints_after(run_dir, ckpt["step"])
             start_step, tokens_seen, wandb_run_id = ckpt["step"], ckpt["tokens"], ckpt.get("wandb_run_id")
             skipped_steps = ckpt.get("skipped_steps", 0)
             for message in schedule_changes(ckpt["config"]["train"], t):

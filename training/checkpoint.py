@@ -67,3 +67,19 @@ def latest_checkpoint(run_dir: Path, device: torch.device) -> tuple[Path, dict] 
             "with train.resume=false train.overwrite=true (deletes them)"
         )
     return None
+
+
+def set_aside_checkpoints_after(run_dir: Path, step: int) -> list[Path]:
+    """Rename the checkpoints past ``step`` (unreadable ones a resume fell back over) to ``*.pt.unreadable``.
+
+    Pruning keeps the highest step numbers: left in place, they would outlive the resumed run's new checkpoints.
+    """
+    set_aside = []
+    for path in sorted(checkpoint_dir(run_dir).glob("ckpt_*.pt")):
+        if checkpoint_step(path) > step:
+            target = path.with_name(path.name + ".unreadable")
+            path.rename(target)
+            log.warning("set aside %s (newer than the checkpoint resumed from, and unreadable) as %s", path,
+                        target.name)
+            set_aside.append(target)
+    return set_aside

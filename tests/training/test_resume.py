@@ -194,3 +194,17 @@ def test_a_resume_without_checkpoint_keeps_the_earlier_log_aside_and_starts_over
     kept = list(run_dir.glob("metrics.before-restart-*.jsonl"))
     assert len(kept) == 1 and kept[0].read_text() == earlier
     assert train_losses(read_metrics(run_dir)) == train_losses(read_metrics(uninterrupted_dir))
+
+
+def test_a_resume_past_an_unreadable_newest_checkpoint_sets_it_aside_so_pruning_keeps_the_new_ones(tmp_path,
+                                                                                                 uninterrupted_dir):
+    resumed = interrupted_copy(uninterrupted_dir, tmp_path, "resumed")
+    (resumed / "checkpoints" / "ckpt_00000004.pt").write_bytes(
+        (uninterrupted_dir / "checkpoints" / "ckpt_00000004.pt").read_bytes())
+    (resumed / "checkpoints" / "ckpt_00000020.pt").write_bytes(b"torn")
+    # keep_checkpoints=1: pruning by step number would delete each new checkpoint and keep the torn step 20.
+    complete_run(resumed, "train.resume=true", "train.keep_checkpoints=1", "train.checkpoint_interval=2")
+    assert sorted(p.name for p in (resumed / "checkpoints").iterdir()) == ["ckpt_00000016.pt",
+                                                                             "ckpt_00000020.pt.unreadable"]
+    assert latest_checkpoint(resumed, "cpu")[1]["step"] == 16
+    assert train_losses(read_metrics(resumed)) == train_losses(read_metrics(uninterrupted_dir))
