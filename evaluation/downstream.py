@@ -1,0 +1,124 @@
+"""The paper's downstream suite on a checkpoint: export to Hugging Face format, then lm-evaluation-harness.
+
+    python -m evaluation.downstream --checkpoint outputs/<run> [--tasks arc_easy,hellaswag,...] \\
+        [--batch-size 16] [--device cuda] [--dtype bfloat16] [--limit 100] [--num-fewshot 0] [--out DIR]
+
+Default tasks: the nine of the MARS authors' FineWeb-Edu table (ARC-Easy, ARC-Challenge, BoolQ, HellaSwag,
+OpenBookQA, PIQA, WinoGrande, MMLU, SciQ). lm_eval fetches those from the Hugging Face Hub on first use (or
+reads its cache): they need network once. Local tasks (an lm_eval task YAML with local data files) run offline:
+``--include-path DIR --tasks <name>``. Writes, in ``--out`` (default: ``<run dir>/downstream``): the exported
+model (``hf/``), lm_eval's raw results (``results.json``) and a markdown table of ours beside the authors'
+(``table.md``).
+"""
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from evaluation.authors_downstream import RESULTS as AUTHORS_RESULTS
+from evaluation.authors_downstream import TASKS as PAPER_TASKS
+from evaluation.export_hf import export
+
+log = logging.getLogger(__name__)
+
+MODEL_SIZES = {(12, 768): "small", (24, 1024): "medium", (36, 1280): "large", (48, 1600): "xl"}
+
+
+def run_dir_of(checkpoint: Path) -> Path:
+    """The run directory of a checkpoint file (``<run>/checkpoints/ckpt_*.pt``), or ``checkpoint`` if a directory."""
+    return checkpoint if checkpoint.is_dir() else checkpoint.parent.parent
+
+
+def evaluate(hf_dir: Path, tasks: list[str], *, batch_size: int = 8, device: str = "cpu", dtype: str = "float32",
+             limit: int | float | None = None, num_fewshot: int | None = None,
+             include_path: Path | None = None) -> dict:
+    """lm_eval's results for the exported model in ``hf_dir`` (its ``results`` dict: task -> metric -> value)."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    task_manager = TaskManager(include_path=str(include_path) if include_path else None)
+    unknown = [task for task in tasks if task not in task_manager.all_tasks]
+    if unknown:
+        raise ValueError(f"lm_eval knows no task {', '.join(unknown)}: check the names (python -m lm_eval ls tasks), "
+                         "or pass --include-path for a local task YAML")
+    return lm_eval.simple_evaluate(
+        model="hf", model_args={"pretrained": str(hf_dir), "dtype": dtype}, tasks=tasks, batch_size=batch_size,
+        device=device, limit=limit, num_fewshot=num_fewshot, task_manager=task_manager, log_samples=False,
+    )
+
+
+def accuracy(task_results: dict) -> float | None:
+    """The task's accuracy in %: ``acc_norm`` where lm_eval reports it, else ``acc`` (the authors' reading)."""
+    for metric in ("acc_norm,none", "acc,none"):
+        if task_results.get(metric) is not None:
+            return 100 * task_results[metric]
+    return None
+
+
+def model_size(model_config: dict) -> str:
+    return MODEL_SIZES.get((model_config["n_layer"], model_config["n_embd"]),
+                           f"{model_config['n_layer']}x{model_config['n_embd']}")
+
+
+def markdown_table(results: dict, tasks: list[str], label: str, size: str) -> str:
+    """Our row beside the authors' rows for the same model size (when they published one), task by task."""
+    titles = [PAPER_TASKS.get(task, task) for task in tasks]
+    ours = [accuracy(results.get(task, {})) for task in tasks]
+    lines = [f"| model | {' | '.join(titles)} | Avg. |", "|---" * (len(tasks) + 2) + "|"]
+    for row_label, values in AUTHORS_RESULTS.get(size, {}).items():
+        by_task = dict(zip(PAPER_TASKS, values))
+        cells = [by_task.get(task) for task in tasks]
+        average = values[-1] if list(tasks) == list(PAPER_TASKS) else None
+        lines.append(f"| {row_label} (authors) | " + " | ".join(format_cell(c) for c in cells)
+                     + f" | {format_cell(average)} |")
+    known = [value for value in ours if value is not None]
+    average = sum(known) / len(known) if known and len(known) == len(ours) else None
+    lines.append(f"| {label} (this run) | " + " | ".join(format_cell(v) for v in ours) + f" | {format_cell(average)} |")
+    return "\n".join(lines) + "\n"
+
+
+def format_cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m evaluation.downstream", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", type=Path, required=True,
+                        help="a checkpoint written by train.py, or a run directory (its newest checkpoint)")
+    parser.add_argument("--tasks", default=",".join(PAPER_TASKS), help="comma-separated lm_eval task names")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--limit", type=float, help="evaluate the first N documents of each task (a quick run)")
+    parser.add_argument("--num-fewshot", type=int, help="examples in each prompt (default: each task's own, 0)")
+    parser.add_argument("--include-path", type=Path, help="a directory of local lm_eval task YAMLs")
+    parser.add_argument("--out", type=Path, help="output directory (default: <run dir>/downstream)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    tasks = [task.strip() for task in args.tasks.split(",") if task.strip()]
+    out = args.out or run_dir_of(args.checkpoint) / "downstream"
+    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+    try:
+        hf_dir = export(args.checkpoint, out / "hf")
+        evaluation = evaluate(hf_dir, tasks, batch_size=args.batch_size, device=args.device, dtype=args.dtype,
+                              limit=limit, num_fewshot=args.num_fewshot, include_path=args.include_path)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
+    from lm_eval.utils import handle_non_serializable
+
+    (out / "results.json").write_text(json.dumps(evaluation, indent=2, default=handle_non_serializable))
+    model_config = json.loads((hf_dir / "config.json").read_text())
+    size = model_size({"n_layer": model_config["n_layer"], "n_embd": model_config["n_embd"]})
+    label = f"GPT-2 {size}, {args.checkpoint}"
+    table = markdown_table(evaluation["results"], tasks, label, size)
+    note = (f"\nAccuracy in %: acc_norm where lm_eval reports it, else acc. lm_eval {evaluation.get('lm_eval_version', '')}"
+            f", limit {limit}, few-shot {args.num_fewshot if args.num_fewshot is not None else 'task default'}, "
+            f"{args.dtype} on {args.device}. Authors' rows: AGI-Arena/MARS README (FineWeb-Edu), see "
+            "evaluation/authors_downstream.py.\n")
+    (out / "table.md").write_text(table + note)
+    print(table + note, end="")
+    log.info("wrote %s and %s", out / "results.json", out / "table.md")
+
+
+if __name__ == "__main__":
+    main()

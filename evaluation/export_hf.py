@@ -1,0 +1,205 @@
+"""Export a train.py checkpoint as a Hugging Face ``transformers`` GPT-2, tokenizer included, without a network.
+
+    python -m evaluation.export_hf --checkpoint outputs/my-run --out exported/my-run
+
+``--checkpoint`` is a checkpoint file or a run directory (its newest loadable checkpoint). ``--out`` receives a
+``GPT2LMHeadModel`` (``config.json``, ``model.safetensors``, ``generation_config.json``) and GPT-2's tokenizer
+(``tokenizer.json``, ``tokenizer_config.json``), so that ``AutoModelForCausalLM.from_pretrained(out)``,
+``AutoTokenizer.from_pretrained(out)`` and the lm-evaluation-harness (``--model hf --model_args pretrained=out``)
+load it offline. The exported model computes our GPT's logits (tested to 1e-5 on random weights of every option,
+both HF attention implementations, and on a checkpoint written by train.py).
+
+How each option of ``model.GPTConfig`` maps (transformers' ``models/gpt2/modeling_gpt2.py``):
+
+- Weights keep their names: nanoGPT kept GPT-2's (``transformer.h.0.attn.c_attn.weight``, ...). HF's blocks use
+  ``Conv1D``, which stores a projection as (in, out) where ``nn.Linear`` stores (out, in): the four block
+  projections (``attn.c_attn``, ``attn.c_proj``, ``mlp.c_fc``, ``mlp.c_proj``) are transposed. ``lm_head`` stays
+  tied to ``wte`` (``tie_word_embeddings``), so the file holds the matrix once.
+- ``bias=False``: HF's GPT-2 always has biases (Conv1D and LayerNorm); they are exported as zeros, which adds
+  nothing. ``bias=True`` exports ours.
+- LayerNorm eps: ours is ``F.layer_norm``'s 1e-5 (``model/gpt.py``, ``LayerNorm.forward``) -> ``layer_norm_epsilon``.
+- Attention scale: HF's ``GPT2Attention`` multiplies the scores by ``head_dim ** -0.5`` (``scale_attn_weights``)
+  and, with ``scale_attn_by_inverse_layer_idx``, divides by ``layer_idx + 1`` with ``layer_idx`` counted from 0
+  (``GPT2Model`` builds ``GPT2Block(config, layer_idx=i) for i in range(n_layer)``): ours exactly.
+  ``reorder_and_upcast_attn`` stays off (it only changes rounding, and only under autocast).
+- Activation: ``gelu`` (exact, erf) -> HF ``"gelu"`` (``GELUActivation``: ``nn.functional.gelu``);
+  ``gelu_tanh`` -> HF ``"gelu_pytorch_tanh"`` (``GELUTanh``: ``nn.functional.gelu(approximate="tanh")``, the very
+  function our MLP calls). GPT-2's own config names ``"gelu_new"``, the same tanh formula written out in Python
+  (``NewGELUActivation``); it differs from torch's kernel by rounding (up to 5e-7 on activations of size 10).
+- ``dropout`` -> ``embd_pdrop`` (after the embeddings), ``attn_pdrop`` (on the attention probabilities, as our
+  ``scaled_dot_product_attention(dropout_p=...)``) and ``resid_pdrop`` (after both residual projections).
+- ``block_size`` -> ``n_positions``; the MLP's width is 4 x ``n_embd`` in both (``n_inner=None``).
+- ``vocab_size`` is kept, padding included (50304 for GPT-2's 50257 tokens): the tokenizer never produces ids
+  50257 and up, but the model still computes a logit for them and every softmax includes them, as our training
+  loss did, so HF log-likelihoods equal ours. Trained models push those logits far down (every step's softmax
+  gradient lowers them), yet sampling could in principle pick one; the tokenizer decodes such an id to nothing.
+- ``bos_token_id`` and ``eos_token_id`` are GPT-2's ``<|endoftext|>``, 50256; nothing is prepended to a text.
+
+The tokenizer is GPT-2's byte-level BPE, built from the rank file that ships with ``data/`` (``data/tokenizer.py``):
+the vocabulary is the ranks, and the merge that makes each token is the last step of tiktoken's own merging of
+its bytes over the lower ranks, which yields GPT-2's 50,000 merges in their order; ``<|endoftext|>`` is a special
+token. It encodes every text to tiktoken's ids, with ``<|endoftext|>`` in a text read as the special token
+(tiktoken's ``encode(text, allowed_special="all")``).
+
+The weights are written as they are stored in the checkpoint (float32), whatever precision the run trained in.
+"""
+import argparse
+import json
+import pickle
+from pathlib import Path
+
+import torch
+from tiktoken.load import load_tiktoken_bpe
+from transformers import GPT2Config, GPT2LMHeadModel, GPT2Tokenizer
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from data.tokenizer import GPT2_EOT_TOKEN, GPT2_RANKS_FILE
+from evaluation.hellaswag import load_model
+from model import GPT, GPTConfig
+from training.checkpoint import UnreadableCheckpoints
+
+LAYER_NORM_EPS = 1e-5  # model/gpt.py LayerNorm.forward
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}  # GPTConfig.activation -> activation_function
+# Block projections that HF's Conv1D stores as (in, out), the transpose of nn.Linear's (out, in).
+CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+EOT_TEXT = "<|endoftext|>"
+# What loading a file that is not a train.py checkpoint raises: torch.load on other bytes, a missing key, a
+# config GPTConfig refuses, weights of another shape.
+NOT_A_CHECKPOINT = (pickle.UnpicklingError, EOFError, RuntimeError, KeyError, TypeError, ValueError, AttributeError)
+
+
+def hf_config(config: GPTConfig) -> GPT2Config:
+    """The ``GPT2Config`` of a ``GPTConfig``: the same network, option by option (see the module docstring)."""
+    if config.activation not in HF_ACTIVATIONS:
+        raise ValueError(f"activation {config.activation!r} has no Hugging Face GPT-2 equivalent here "
+                         f"(known: {', '.join(HF_ACTIVATIONS)}): add it to HF_ACTIVATIONS in {__name__}")
+    return GPT2Config(
+        vocab_size=config.vocab_size,
+        n_positions=config.block_size,
+        n_embd=config.n_embd,
+        n_layer=config.n_layer,
+        n_head=config.n_head,
+        n_inner=None,
+        activation_function=HF_ACTIVATIONS[config.activation],
+        resid_pdrop=config.dropout,
+        embd_pdrop=config.dropout,
+        attn_pdrop=config.dropout,
+        layer_norm_epsilon=LAYER_NORM_EPS,
+        scale_attn_weights=True,
+        scale_attn_by_inverse_layer_idx=config.scale_attn_by_inverse_layer_idx,
+        reorder_and_upcast_attn=False,
+        tie_word_embeddings=True,
+        bos_token_id=GPT2_EOT_TOKEN,
+        eos_token_id=GPT2_EOT_TOKEN,
+    )
+
+
+def hf_model(model: GPT) -> GPT2LMHeadModel:
+    """A ``GPT2LMHeadModel`` holding ``model``'s weights (Conv1D ones transposed, absent biases as zeros), in eval mode."""
+    config = hf_config(model.config)
+    exported = GPT2LMHeadModel(config)
+    weights = {name: tensor.t() if name.endswith(CONV1D_WEIGHTS) else tensor
+               for name, tensor in model.state_dict().items()}
+    for name, tensor in exported.state_dict().items():
+        if name not in weights and name.endswith(".bias") and not model.config.bias:
+            weights[name] = torch.zeros_like(tensor)
+    exported.load_state_dict(weights, strict=True)
+    exported.tie_weights()
+    return exported.eval()
+
+
+def gpt2_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """The BPE merges, in rank order, under which HF's BPE merges as tiktoken does with ``ranks``.
+
+    tiktoken repeatedly joins the adjacent pair whose join has the lowest rank. The token of rank r is made by
+    that process run on its own bytes with ranks below r alone, which must end in two parts: its merge.
+    """
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        if len(token) == 1:
+            continue
+        parts = [bytes([byte]) for byte in token]
+        while len(parts) > 2:
+            joins = [(ranks.get(left + right, rank), i) for i, (left, right) in enumerate(zip(parts, parts[1:]))]
+            lowest, i = min(joins)
+            if lowest >= rank:
+                break
+            parts[i : i + 2] = [parts[i] + parts[i + 1]]
+        if len(parts) != 2 or ranks.get(parts[0] + parts[1]) != rank:
+            raise ValueError(f"{GPT2_RANKS_FILE}: token {token!r} (rank {rank}) is not the merge of two lower-ranked "
+                             "tokens: not a byte-level BPE rank file")
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
+def gpt2_tokenizer(model_max_length: int) -> GPT2Tokenizer:
+    """GPT-2's tokenizer as ``transformers`` holds it, built from the bundled rank file."""
+    ranks = load_tiktoken_bpe(str(GPT2_RANKS_FILE))
+    byte_to_char = bytes_to_unicode()  # byte-level BPE writes each byte as a printable character
+
+    def text_of(token: bytes) -> str:
+        return "".join(byte_to_char[byte] for byte in token)
+
+    vocab = {text_of(token): rank for token, rank in ranks.items()}
+    merges = [(text_of(left), text_of(right)) for left, right in gpt2_merges(ranks)]
+    tokenizer = GPT2Tokenizer(vocab=vocab, merges=merges, unk_token=EOT_TEXT, bos_token=EOT_TEXT,
+                              eos_token=EOT_TEXT, add_prefix_space=False, model_max_length=model_max_length)
+    if tokenizer.convert_tokens_to_ids(EOT_TEXT) != GPT2_EOT_TOKEN:
+        raise ValueError(f"{GPT2_RANKS_FILE} holds {len(ranks)} tokens: {EOT_TEXT} would not get id {GPT2_EOT_TOKEN}")
+    return tokenizer
+
+
+def load_trained_model(checkpoint: Path) -> tuple[GPT, Path]:
+    """The GPT of a train.py checkpoint file or run directory (its newest loadable one), on the CPU, and its file."""
+    checkpoint = Path(checkpoint)
+    if not checkpoint.exists():
+        raise FileNotFoundError(f"{checkpoint} does not exist: pass a run directory of train.py or one of its "
+                                "checkpoints/ckpt_*.pt files")
+    try:
+        return load_model(checkpoint, torch.device("cpu"))
+    except UnreadableCheckpoints as err:
+        raise ValueError(str(err).split("; ")[0]) from None
+    except NOT_A_CHECKPOINT as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{checkpoint} is not a checkpoint written by train.py ({type(err).__name__}: "
+                         f"{reason})") from None
+
+
+def save_hf(model: GPT, out: Path) -> Path:
+    """Write ``model`` and GPT-2's tokenizer to the directory ``out`` (created if needed) in Hugging Face format."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: pass a directory (it is created if it does not exist)")
+    exported = hf_model(model)  # before writing anything: a config HF cannot express leaves no half export
+    out.mkdir(parents=True, exist_ok=True)
+    exported.save_pretrained(out)
+    gpt2_tokenizer(model.config.block_size).save_pretrained(out)
+    return out
+
+
+def export(checkpoint: Path, out: Path) -> Path:
+    """Export a train.py checkpoint file, or a run directory's newest checkpoint, to ``out``; returns ``out``."""
+    model, _ = load_trained_model(checkpoint)
+    return save_hf(model, out)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m evaluation.export_hf", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", type=Path, required=True,
+                        help="a checkpoint written by train.py, or a run directory (its newest checkpoint)")
+    parser.add_argument("--out", type=Path, required=True, help="directory to write the Hugging Face model to")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    try:
+        model, checkpoint = load_trained_model(args.checkpoint)
+        out = save_hf(model, args.out)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
+    print(json.dumps({"checkpoint": str(checkpoint), "out": str(out)}))
+
+
+if __name__ == "__main__":
+    main()
