@@ -112,6 +112,39 @@ class MuonConfig(OptimizerConfig):
 
 
 @dataclass
+class MarsMConfig(OptimizerConfig):
+    """MARS-M (AGI-Arena/MARS MARS_M/optimizers/mars_m.py): MARS's correction on Moonlight-style orthogonalised
+    updates of the 2-D weights (embeddings and head excepted), the authors' AdamW on the rest, one lr and one
+    weight decay for both (every tensor decays, as theirs: ``decay_embeddings`` does not apply)."""
+
+    name: str = "mars-m"
+    momentum: float = 0.95
+    gamma: float = 0.025
+    is_approx: bool = True
+    # The authors' code clips c_t to unit norm in every run (their clip_c flag is never read): true reproduces them.
+    clip_c: bool = True
+    memory_efficient: bool = False  # mars_m_efficient.py: one buffer, no clip, approximate scheme only
+    ns_steps: int = 5
+    adamw_betas: tuple[float, float] = (0.9, 0.95)
+    adamw_eps: float = 1e-8
+    ns_dtype: str = "auto"  # auto: the authors' bfloat16 on CUDA, float32 on CPUs
+
+
+@dataclass
+class MoonlightConfig(OptimizerConfig):
+    """Moonlight (MARS_M/optimizers/moonlight.py): Muon with the update scaled by 0.2 sqrt(max(A, B)) and decoupled
+    weight decay on the 2-D weights, the authors' AdamW on the rest, one lr and one weight decay for both."""
+
+    name: str = "moonlight"
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    adamw_betas: tuple[float, float] = (0.9, 0.95)
+    adamw_eps: float = 1e-8
+    ns_dtype: str = "auto"
+
+
+@dataclass
 class DataConfig:
     name: str = MISSING
     # Directory of token shards (train.bin/val.bin, or train_000000.bin... with a manifest.json as written by
@@ -179,7 +212,8 @@ class Config:
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
-OPTIMIZER_SCHEMAS: dict[str, type] = {"adamw": AdamWConfig, "mars": MarsConfig, "muon": MuonConfig}
+OPTIMIZER_SCHEMAS: dict[str, type] = {"adamw": AdamWConfig, "mars": MarsConfig, "muon": MuonConfig,
+                                       "mars-m": MarsMConfig, "moonlight": MoonlightConfig}
 
 
 _claimed_run_dirs: dict[str, str] = {}

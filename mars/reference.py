@@ -199,3 +199,177 @@ def authors_adamw_step(
     p32 = param.float()
     p32.add_(torch.mul(p32, weight_decay).addcdiv_(exp_avg, denominator).mul_(-step_size))
     param.copy_(p32)
+
+
+# MARS-M and its Moonlight baseline. Paper: "MARS-M: When Variance Reduction Meets Matrices" (arXiv 2510.21800);
+# code: AGI-Arena/MARS, ``MARS_M/optimizers/{mars_m,mars_m_efficient,moonlight}.py``. The state buffers are the
+# caller's; every rule computes in the buffers' dtype (float32 in the optimizers), and writes parameters in their
+# own dtype after updating a float32 copy (float64 parameters are updated in float64).
+
+MOONLIGHT_UPDATE_SCALE = 0.2
+MARS_M_NEWTON_SCHULZ_EPS = 1e-7
+
+
+def shape_scaled_lr(lr: float, shape: torch.Size | tuple[int, ...]) -> float:
+    """Moonlight's step size for an A x B matrix: lr * 0.2 * sqrt(max(A, B)).
+
+    It gives the orthogonalised update about the RMS of an AdamW update, so that AdamW's learning rate and weight
+    decay carry over (``mars_m.py:102-108``, ``moonlight.py:100-106``, ``mars_m_efficient.py:91-97``; the
+    product is formed in their order). Only the step is scaled: weight decay is applied with ``lr`` itself.
+    """
+    rows, cols = shape[0], shape[1]
+    return lr * (MOONLIGHT_UPDATE_SCALE * math.sqrt(max(rows, cols)))
+
+
+def newton_schulz5_gram_polynomial(matrix: Tensor, steps: int = 5, eps: float = MARS_M_NEWTON_SCHULZ_EPS,
+                                   dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """The MARS-M authors' Newton-Schulz (``mars_m.py:4-34``; the same in ``moonlight.py`` and
+    ``mars_m_efficient.py``), run eagerly although theirs is ``torch.compile``d.
+
+    Same quintic as :func:`newton_schulz5` (coefficients ``NEWTON_SCHULZ_COEFFS``, ``steps`` iterations, the
+    ``dtype`` copy, transposed to be wide, divided by its own norm taken in ``dtype`` plus ``eps``), but
+    each iteration forms the polynomial in the Gram matrix A = X X^T first, X <- a X + (b A + c A A) X, where
+    :func:`newton_schulz5` computes a X + b (A X) + c A (A X). The two are equal in exact arithmetic and differ by
+    rounding: by 2-3% of the result's norm in bfloat16, as much as either differs from float64 and as the
+    authors' compiled kernels differ from this eager transcription. A batch of matrices (batch x rows x cols)
+    is normalised matrix by matrix (theirs takes one norm over a whole >2-D tensor, which GPT-2 never has).
+    """
+    a, b, c = NEWTON_SCHULZ_COEFFS
+    x = matrix.to(dtype)
+    transposed = matrix.size(-2) > matrix.size(-1)
+    if transposed:
+        x = x.mT
+    norm = x.norm() if matrix.dim() == 2 else x.norm(dim=(-2, -1), keepdim=True)
+    x = x / (norm + eps)
+    for _ in range(steps):
+        gram = x @ x.mT
+        polynomial = b * gram + c * gram @ gram
+        x = a * x + polynomial @ x
+    if transposed:
+        x = x.mT
+    return x.to(matrix.dtype)
+
+
+def mars_m_momentum(grad: Tensor, last_grad: Tensor, momentum_buffer: Tensor, *, momentum: float, gamma: float,
+                    clip_c: bool) -> Tensor:
+    """MARS-M's momentum, updated in place and returned: the matrix that Newton-Schulz orthogonalises.
+
+        c_t = g_t + gamma * beta / (1 - beta) * (g_t - g_prev)        (mars_m.py:74,197)
+        c_t = c_t / ||c_t||_F  if ||c_t||_F > 1, with clip_c          (mars_m.py:198-200)
+        m_t = beta * m + (1 - beta) * c_t                             (mars_m.py:201-202)
+
+    g_prev is the previous step's gradient in the approximate scheme, the stashed look-ahead gradient in the exact
+    one (zeros at the first step). The authors' code clips whatever its ``clip_c`` says (the flag is stored and
+    never read), so their runs all clipped; ``clip_c=False`` gives the unclipped rule that mars_m_efficient.py
+    implements. Unlike MARS-Shampoo, m_t is not divided by 1 - beta before Newton-Schulz (its norm is divided out).
+    """
+    grad = grad.to(momentum_buffer.dtype)
+    c_t = (grad - last_grad.to(momentum_buffer.dtype)).mul(gamma * momentum / (1 - momentum)).add(grad)
+    if clip_c:
+        c_t_norm = c_t.norm()
+        if c_t_norm > 1:
+            c_t.div_(c_t_norm)
+    return momentum_buffer.mul_(momentum).add_(c_t, alpha=1 - momentum)
+
+
+def mars_m_efficient_direction(grad: Tensor, momentum_buffer: Tensor, *, momentum: float, gamma: float) -> Tensor:
+    """The memory-efficient MARS-M's matrix to orthogonalise (``mars_m_efficient.py:133-142``); updates
+    ``momentum_buffer`` in place:
+
+        b_t = beta * b + (1 - gamma) (1 - beta) / beta * g_t
+        d_t = gamma * g_t + beta * b_t
+
+    d_t is exactly the unclipped approximate MARS-M momentum m_t: substituting b = (m - gamma g) / beta into
+    m_t = beta m + (1 - beta) g_t + gamma beta (g_t - g_{t-1}) gives the recursion above. One buffer replaces
+    MARS-M's two (momentum and previous gradient); there is no clip, no exact scheme, and beta must be > 0.
+    """
+    grad = grad.to(momentum_buffer.dtype)
+    momentum_buffer.mul_(momentum).add_(grad, alpha=(1 - gamma) * (1 - momentum) / momentum)
+    return grad.mul(gamma).add(momentum_buffer, alpha=momentum)
+
+
+def moonlight_direction(grad: Tensor, momentum_buffer: Tensor, *, momentum: float, nesterov: bool) -> Tensor:
+    """Moonlight's (Muon's) matrix to orthogonalise (``moonlight.py:144-151``); updates ``momentum_buffer``:
+
+        b_t = beta * b + g_t,    d_t = g_t + beta * b_t (nesterov)  or  d_t = b_t
+    """
+    grad = grad.to(momentum_buffer.dtype)
+    momentum_buffer.mul_(momentum).add_(grad)
+    return grad.add(momentum_buffer, alpha=momentum) if nesterov else momentum_buffer
+
+
+def apply_shape_scaled_update(param: Tensor, update: Tensor, *, lr: float, weight_decay: float) -> None:
+    """p <- p (1 - lr * weight_decay) - lr * 0.2 * sqrt(max(A, B)) * O_t, in place (``mars_m.py:207-214``).
+
+    ``update`` is the orthogonalised O_t; the authors add their bfloat16 O_t to the float32 parameter, which is
+    what adding it cast to float32 does.
+    """
+    work = param.to(torch.promote_types(param.dtype, torch.float32))
+    work.mul_(1 - lr * weight_decay).add_(update.to(work.dtype), alpha=-shape_scaled_lr(lr, param.shape))
+    param.copy_(work)
+
+
+@torch.no_grad()
+def mars_m_step(param: Tensor, grad: Tensor, last_grad: Tensor, momentum_buffer: Tensor, *, lr: float,
+                momentum: float, gamma: float, weight_decay: float, clip_c: bool, ns_steps: int = 5,
+                ns_dtype: torch.dtype = torch.bfloat16) -> None:
+    """One MARS-M step of a matrix (``mars_m.py:182-214``), Algorithm 2 of arXiv 2510.21800:
+
+        m_t = mars_m_momentum(...)
+        p <- p (1 - lr * weight_decay) - lr * 0.2 * sqrt(max(A, B)) * NS(m_t)
+
+    with NS the authors' Newton-Schulz (:func:`newton_schulz5_gram_polynomial`, ``ns_steps`` iterations in
+    ``ns_dtype``). What ``last_grad`` holds next is the scheme's business: ``grad`` (approximate) or the next
+    look-ahead gradient (exact); this function leaves it as it is.
+    """
+    direction = mars_m_momentum(grad, last_grad, momentum_buffer, momentum=momentum, gamma=gamma, clip_c=clip_c)
+    update = newton_schulz5_gram_polynomial(direction, ns_steps, dtype=ns_dtype)
+    apply_shape_scaled_update(param, update, lr=lr, weight_decay=weight_decay)
+
+
+@torch.no_grad()
+def mars_m_efficient_step(param: Tensor, grad: Tensor, momentum_buffer: Tensor, *, lr: float, momentum: float,
+                          gamma: float, weight_decay: float, ns_steps: int = 5,
+                          ns_dtype: torch.dtype = torch.bfloat16) -> None:
+    """One step of the memory-efficient MARS-M on a matrix (``mars_m_efficient.py:124-152``): the approximate,
+    unclipped :func:`mars_m_step` with one state buffer (:func:`mars_m_efficient_direction`)."""
+    direction = mars_m_efficient_direction(grad, momentum_buffer, momentum=momentum, gamma=gamma)
+    update = newton_schulz5_gram_polynomial(direction, ns_steps, dtype=ns_dtype)
+    apply_shape_scaled_update(param, update, lr=lr, weight_decay=weight_decay)
+
+
+@torch.no_grad()
+def moonlight_step(param: Tensor, grad: Tensor, momentum_buffer: Tensor, *, lr: float, momentum: float,
+                   nesterov: bool, weight_decay: float, ns_steps: int = 5,
+                   ns_dtype: torch.dtype = torch.bfloat16) -> None:
+    """One Moonlight step of a matrix (``moonlight.py:133-161``; Muon as arXiv 2502.16982 scales it):
+
+        p <- p (1 - lr * weight_decay) - lr * 0.2 * sqrt(max(A, B)) * NS(d_t),   d_t = moonlight_direction(...)
+    """
+    direction = moonlight_direction(grad, momentum_buffer, momentum=momentum, nesterov=nesterov)
+    update = newton_schulz5_gram_polynomial(direction, ns_steps, dtype=ns_dtype)
+    apply_shape_scaled_update(param, update, lr=lr, weight_decay=weight_decay)
+
+
+@torch.no_grad()
+def mars_m_adamw_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, *, step: int, lr: float,
+                      beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
+    """The AdamW that MARS-M and Moonlight apply to the tensors they do not orthogonalise (``mars_m.py:222-250``,
+    the same lines in ``moonlight.py:167-195`` and ``mars_m_efficient.py:158-186``):
+
+        m_t = beta1 * m + (1 - beta1) * g_t,   v_t = beta2 * v + (1 - beta2) * g_t^2       (as lerps)
+        p <- p (1 - lr * weight_decay) - lr * sqrt(1 - beta2^t) / (1 - beta1^t) * m_t / (sqrt(v_t) + eps)
+
+    eps is added to the uncorrected sqrt(v_t), as in :func:`authors_adamw_step`, but the weight decay is torch's
+    lr * weight_decay, not scaled by the step size: a third AdamW, neither :func:`adamw_step` nor
+    :func:`authors_adamw_step`. ``lr`` and ``weight_decay`` are the matrices' own (the authors give both parts one
+    of each).
+    """
+    grad = grad.to(exp_avg.dtype)
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.lerp_(grad.square(), 1 - beta2)
+    direction = exp_avg / (eps + exp_avg_sq.sqrt())
+    scale = (1 - beta1**step) / (1 - beta2**step) ** 0.5
+    work = param.to(torch.promote_types(param.dtype, torch.float32))
+    work.mul_(1 - lr * weight_decay).add_(direction.to(work.dtype), alpha=-lr / scale)
+    param.copy_(work)

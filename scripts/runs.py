@@ -33,7 +33,9 @@ SIZE_ORDER = ("small", "medium", "large", "xl")
 CORPUS_NAMES = {"openwebtext": "OpenWebText", "fineweb-edu": "FineWeb-Edu", "embedded": "Shakespeare (embedded)"}
 OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon", "mars-exact": "MARS-exact", "mars-approx": "MARS-approx",
                    "mars-lion-approx": "MARS-Lion", "mars-lion-exact": "MARS-Lion-exact",
-                   "mars-shampoo-approx": "MARS-Shampoo", "mars-shampoo-exact": "MARS-Shampoo-exact"}
+                   "mars-shampoo-approx": "MARS-Shampoo", "mars-shampoo-exact": "MARS-Shampoo-exact",
+                   "moonlight": "Moonlight", "mars-m-approx": "MARS-M", "mars-m-exact": "MARS-M-exact",
+                   "mars-m-efficient": "MARS-M-efficient"}
 # The training settings that change what a run computes; the rest (seed, device, paths, logging) do not.
 # Optimizer keys whose default changed when they joined the schema: a run saved before ran the old behaviour.
 RAN_BEFORE_THE_KEY_EXISTED = {"muon": {"adamw_variant": "torch", "update_dtype": "float32"}}
@@ -96,6 +98,10 @@ def model_label(model_cfg) -> str:
 
 
 def optimizer_label(optimizer_cfg) -> str:
+    if optimizer_cfg["name"] == "mars-m":
+        if optimizer_cfg.get("memory_efficient"):
+            return "mars-m-efficient"
+        return f"mars-m-{'approx' if optimizer_cfg['is_approx'] else 'exact'}"
     if optimizer_cfg["name"] != "mars":
         return optimizer_cfg["name"]
     variant = "mars" if optimizer_cfg["mars_type"] == "mars-adamw" else optimizer_cfg["mars_type"]

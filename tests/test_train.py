@@ -71,6 +71,16 @@ def test_a_fresh_run_in_a_used_directory_is_refused_unless_overwrite_and_then_ke
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["optimizer=mars-m", "optimizer=moonlight",
+                                       "optimizer=mars-m optimizer.is_approx=false",
+                                       "optimizer=mars-m optimizer.memory_efficient=true"])
+def test_mars_m_and_moonlight_learn_through_the_same_trainer(tmp_path, optimizer):
+    run_train(tmp_path, *SMALL, *optimizer.split(), "train.max_iters=20", "train.eval_interval=20")
+    val = [r["val/loss"] for r in metrics(tmp_path) if "val/loss" in r]
+    assert val[-1] < val[0] - 1.5, val
+
+
+@pytest.mark.slow
 def test_issue_command_writes_falling_val_loss(tmp_path):
     run_train(tmp_path, "model=tiny", "data=embedded", "train.max_iters=60", "train.eval_interval=30",
               "wandb.mode=disabled")

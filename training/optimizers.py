@@ -26,6 +26,24 @@ def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool) 
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+# Parameter names the MARS-M authors keep out of the matrix rule (MARS_M/train_mars_m.py:212-219): embeddings and
+# the head, which is tied to the token embedding here.
+EMBEDDING_NAMES = ("wte", "wpe", "lm_head", "embed_tokens")
+
+
+def matrix_rule_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """MARS-M's and Moonlight's grouping: 2-D weights other than embeddings take the matrix rule, the rest
+    AdamW; every tensor decays at ``weight_decay``, as the authors' optimizers apply one ``wd`` to both."""
+    matrices, others = [], []
+    for name, param in model.named_parameters():  # yields tied weights once
+        if not param.requires_grad:
+            continue
+        matrix = param.dim() == 2 and not any(part in name for part in EMBEDDING_NAMES)
+        (matrices if matrix else others).append(param)
+    return [{"params": matrices, "matrix_rule": True, "weight_decay": weight_decay},
+            {"params": others, "matrix_rule": False, "weight_decay": weight_decay}]
+
+
 def optimizer_class_and_arguments(cfg, device: torch.device = torch.device("cpu")
                                   ) -> tuple[type[torch.optim.Optimizer], dict]:
     """The optimizer class a config names, and its constructor arguments other than the parameters, for
@@ -54,6 +72,20 @@ def optimizer_class_and_arguments(cfg, device: torch.device = torch.device("cpu"
                           ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device),
                           adamw_variant=cfg.adamw_variant,
                           update_dtype=newton_schulz_dtype(cfg.update_dtype, key="update_dtype"))
+    if cfg.name in ("mars-m", "moonlight"):
+        from mars import MarsM, MarsMEfficient, Moonlight
+
+        arguments = dict(lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, ns_steps=cfg.ns_steps,
+                         adamw_betas=tuple(cfg.adamw_betas), adamw_eps=cfg.adamw_eps,
+                         ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device))
+        if cfg.name == "moonlight":
+            return Moonlight, dict(arguments, nesterov=cfg.nesterov)
+        if cfg.memory_efficient:
+            if not cfg.is_approx:
+                raise ValueError("optimizer.memory_efficient=true has the approximate scheme only: set "
+                                 "optimizer.is_approx=true, or memory_efficient=false for the exact scheme")
+            return MarsMEfficient, dict(arguments, gamma=cfg.gamma)
+        return MarsM, dict(arguments, gamma=cfg.gamma, clip_c=cfg.clip_c, is_approx=cfg.is_approx)
     raise ValueError(f"unknown optimizer {cfg.name!r}")
 
 
@@ -84,8 +116,12 @@ def build_optimizer(cfg, model: nn.Module, zero1: bool = False) -> torch.optim.O
     """
     device = next(model.parameters()).device
     optimizer_class, arguments = optimizer_class_and_arguments(cfg, device)
-    groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
-    orthogonalises = cfg.name == "muon" or (cfg.name == "mars" and cfg.mars_type == "mars-shampoo")
+    if cfg.name in ("mars-m", "moonlight"):
+        groups = matrix_rule_groups(model, cfg.weight_decay)
+    else:
+        groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
+    orthogonalises = (cfg.name in ("muon", "mars-m", "moonlight")
+                      or (cfg.name == "mars" and cfg.mars_type == "mars-shampoo"))
     if orthogonalises and not zero1 and dist.is_initialized() and dist.get_world_size() > 1:
         # DDP ranks hold the same gradients: share the Newton-Schulz work out (ZeRO-1 already splits it).
         arguments["process_group"] = dist.group.WORLD

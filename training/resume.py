@@ -20,6 +20,7 @@ STATE_DEFINING_KEYS = {
     "optimizer.amsgrad": "the optimizer's state (the running maximum of the second moment)",
     "optimizer.optimize_1d": "which rule, and which state, the 1-D tensors have",
     "optimizer.decay_embeddings": "the optimizer's parameter groups",
+    "optimizer.memory_efficient": "the MARS-M variant and its state",
 }
 # Keys that only say how this launch resumes: not a change of the run's settings.
 LAUNCH_KEYS = {"train.resume", "train.overwrite"}

@@ -13,7 +13,7 @@ from data.corpora import data_root
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 PRESETS = sorted(path.stem for path in (CONFIG_DIR / "experiment").glob("*.yaml"))
 NAME = re.compile(r"(?P<corpus>owt|fwe)-gpt2-(?P<size>small|medium|large|xl)-(?P<billions>\d+)b-"
-                  r"(?P<optimizer>adamw|muon|mars-approx|mars-exact)")
+                  r"(?P<optimizer>adamw|muon|mars-approx|mars-exact|mars-m|moonlight)")
 CORPORA = {"owt": "openwebtext", "fwe": "fineweb-edu"}
 SIZES = {"small": (12, 12, 768), "medium": (24, 16, 1024), "large": (36, 20, 1280), "xl": (48, 25, 1600)}
 register_configs()
@@ -30,7 +30,11 @@ def test_every_run_the_paper_reports_has_a_preset():
            for billions in (5, 20, 50) for optimizer in ("adamw", "muon", "mars-approx")]
     exact = [f"owt-gpt2-small-{billions}b-mars-exact" for billions in (5, 20, 50)]
     fineweb = [f"fwe-gpt2-{size}-50b-{optimizer}" for size in ("small", "xl") for optimizer in ("adamw", "mars-approx")]
-    assert PRESETS == sorted(owt + exact + fineweb)
+    # The second paper's scripts (MARS_M/scripts/run_{mars_m,moonlight}_{small,medium,large,small_fw,xl_fw}.sh).
+    mars_m = [f"owt-gpt2-{size}-50b-{optimizer}" for size in ("small", "medium", "large")
+              for optimizer in ("mars-m", "moonlight")]
+    mars_m += [f"fwe-gpt2-{size}-50b-{optimizer}" for size in ("small", "xl") for optimizer in ("mars-m", "moonlight")]
+    assert PRESETS == sorted(owt + exact + fineweb + mars_m)
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -43,7 +47,9 @@ def test_preset_validates_and_runs_what_its_name_says(name):
     assert (m.n_layer, m.n_head, m.n_embd) == SIZES[parts["size"]]
     assert cfg.data.name == CORPORA[parts["corpus"]]
     optimizer = parts["optimizer"]
-    if optimizer.startswith("mars"):
+    if optimizer == "mars-m":
+        assert (o.name, o.is_approx, o.memory_efficient) == ("mars-m", True, False)
+    elif optimizer.startswith("mars"):
         assert (o.name, o.mars_type, o.is_approx) == ("mars", "mars-adamw", optimizer == "mars-approx")
     else:
         assert o.name == optimizer
@@ -58,7 +64,8 @@ def test_preset_keeps_the_authors_fixed_settings(name):
     cfg = load(f"experiment={name}")
     m, t = cfg.model, cfg.train
     assert (m.bias, m.dropout, m.block_size, t.block_size) == (False, 0.0, 1024, 1024)
-    assert cfg.optimizer.decay_embeddings is False
+    if cfg.optimizer.name in ("adamw", "mars", "muon"):  # MARS-M and Moonlight decay every tensor, as theirs
+        assert cfg.optimizer.decay_embeddings is False
     # Their model's tanh GELU (MARS/model.py:20-25) and TF32 (MARS/train_mars.py:127-128).
     assert (m.activation, m.scale_attn_by_inverse_layer_idx, t.tf32) == ("gelu_tanh", True, True)
     assert (t.lr_schedule.value, t.warmup_iters, t.decay_iters, t.grad_clip) == ("cosine", 2000, None, 1.0)
@@ -86,13 +93,31 @@ AUTHORS = {
                             weight_decay_1d=0.1, min_lr=1e-5, batch=(5, 12)),
     ("xl", "mars"): dict(lr=2e-3, weight_decay=1e-2, betas=[0.95, 0.99], gamma=0.025, lr_1d=1e-3,
                          weight_decay_1d=0.1, min_lr=1e-5, batch=(5, 12)),
+    # MARS_M/config/train_gpt2_<size>_{mars_m,moonlight}.py: learning_rate, weight_decay, beta1, min_lr, gamma.
+    ("small", "mars-m"): dict(lr=6e-3, weight_decay=1e-2, momentum=0.95, gamma=0.025, clip_c=True, min_lr=3e-5,
+                              batch=(15, 4)),
+    ("medium", "mars-m"): dict(lr=5e-3, weight_decay=1e-2, momentum=0.95, gamma=0.025, clip_c=True, min_lr=6e-5,
+                               batch=(15, 4)),
+    ("large", "mars-m"): dict(lr=5e-3, weight_decay=1e-2, momentum=0.95, gamma=0.025, clip_c=True, min_lr=1e-5,
+                              batch=(5, 12)),
+    ("xl", "mars-m"): dict(lr=3e-3, weight_decay=1e-2, momentum=0.95, gamma=0.025, clip_c=True, min_lr=1e-5,
+                           batch=(5, 12)),
+    ("small", "moonlight"): dict(lr=6e-3, weight_decay=0.1, momentum=0.95, nesterov=True, min_lr=3e-5,
+                                 batch=(15, 4)),
+    ("medium", "moonlight"): dict(lr=5e-3, weight_decay=0.1, momentum=0.95, nesterov=True, min_lr=6e-5,
+                                  batch=(15, 4)),
+    ("large", "moonlight"): dict(lr=5e-3, weight_decay=0.1, momentum=0.95, nesterov=True, min_lr=1e-5,
+                                 batch=(5, 12)),
+    ("xl", "moonlight"): dict(lr=3e-3, weight_decay=0.1, momentum=0.95, nesterov=True, min_lr=1e-5,
+                              batch=(5, 12)),
 }
 
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_uses_the_authors_hyperparameters(name):
     parts = NAME.fullmatch(name)
-    expected = dict(AUTHORS[parts["size"], parts["optimizer"].split("-")[0]])
+    optimizer = parts["optimizer"]
+    expected = dict(AUTHORS[parts["size"], optimizer if optimizer in ("mars-m", "moonlight") else optimizer.split("-")[0]])
     cfg = load(f"experiment={name}")
     # Per-GPU batch and accumulation on the authors' 8 GPUs.
     batch_size, accumulation = expected.pop("batch")

@@ -35,12 +35,13 @@ def run_script(script, *args):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", ["mars-adamw", "adamw", "muon"])
+@pytest.mark.parametrize("optimizer", ["mars-adamw", "adamw", "muon", "mars-m", "moonlight"])
 def test_two_gloo_ranks_train_like_one_process_with_doubled_accumulation(tmp_path, optimizer):
     # Muon: the two ranks share out the Newton-Schulz work; float32 keeps this 1-layer run fast on a CPU.
     # float32 updates too: one process and two ranks sum the gradients in different orders, and rounding the
     # update to bfloat16 (the authors' Muon) turns those last-bit differences into whole bfloat16 steps.
     extra = ["optimizer.ns_dtype=float32", "optimizer.update_dtype=float32"] if optimizer == "muon" else []
+    extra += ["optimizer.ns_dtype=float32"] if optimizer in ("mars-m", "moonlight") else []
     # The authors' summed gradients (4x the mean) must not depend on how the batch is split into ranks either.
     extra += ["train.grad_multiplier=4"] if optimizer == "mars-adamw" else []
     # HellaSwag too: the two ranks score alternate items and add up their counts.

@@ -5,7 +5,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from configs.schema import register_configs
-from mars import MARS, Muon
+from mars import MARS, MarsM, Moonlight, Muon
 from model import GPT, GPTConfig
 from training.optimizers import build_optimizer, newton_schulz_dtype, param_groups
 
@@ -41,7 +41,7 @@ def test_every_optimizer_config_builds_and_takes_a_step(name):
         cfg = compose(config_name="config", overrides=[f"optimizer={name}"])
     model = tiny_model()
     optimizer = build_optimizer(cfg.optimizer, model)
-    expected = {"adamw": torch.optim.AdamW, "muon": Muon}.get(name, MARS)
+    expected = {"adamw": torch.optim.AdamW, "muon": Muon, "mars-m": MarsM, "moonlight": Moonlight}.get(name, MARS)
     assert isinstance(optimizer, expected)
     before = [p.detach().clone() for p in model.parameters()]
     idx = torch.randint(0, 64, (2, 8))
@@ -102,4 +102,28 @@ def test_triton_backend_on_a_cpu_run_is_refused_before_training_with_the_fix(mon
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name="config", overrides=["optimizer.backend=triton"])
     with pytest.raises(ValueError, match="optimizer.backend=triton needs a CUDA device.*optimizer.backend=auto"):
+        build_optimizer(cfg.optimizer, tiny_model())
+
+
+@pytest.mark.parametrize("name", ["mars-m", "moonlight"])
+def test_mars_m_and_moonlight_route_matrices_to_their_rule_and_decay_every_tensor_as_the_authors(name):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=[f"optimizer={name}", "optimizer.weight_decay=0.05"])
+    model = tiny_model()
+    matrices, others = build_optimizer(cfg.optimizer, model).param_groups
+    named = {id(p): n for n, p in model.named_parameters()}
+    # MARS_M/train_mars_m.py:212-219: >=2-D tensors without embed_tokens/lm_head/wpe/wte in their name.
+    embeddings = ("transformer.wte", "transformer.wpe", "lm_head")
+    assert sorted(named[id(p)] for p in matrices["params"]) == sorted(
+        n for n, p in model.named_parameters() if p.dim() == 2 and not n.startswith(embeddings))
+    assert {named[id(p)] for p in others["params"]} >= {"transformer.wte.weight", "transformer.wpe.weight"}
+    assert (matrices["matrix_rule"], others["matrix_rule"]) == (True, False)
+    assert matrices["weight_decay"] == others["weight_decay"] == 0.05
+
+
+def test_the_memory_efficient_mars_m_has_no_exact_scheme():
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=["optimizer=mars-m", "optimizer.memory_efficient=true",
+                                                       "optimizer.is_approx=false"])
+    with pytest.raises(ValueError, match="memory_efficient=true has the approximate scheme only"):
         build_optimizer(cfg.optimizer, tiny_model())

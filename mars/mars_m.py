@@ -1,0 +1,361 @@
+"""MARS-M (Liu, Yuan & Gu, 2025, arXiv 2510.21800) and its Moonlight baseline (Muon scaled as in arXiv 2502.16982)
+as ``torch.optim`` optimizers, following the MARS-M authors' code (AGI-Arena/MARS ``MARS_M/optimizers/``).
+
+The update rules live in :mod:`mars.reference`; these classes gather each group's tensors, orthogonalise the
+matrices' directions together (:func:`mars.newton_schulz.orthogonalise`) and apply the rules.
+"""
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from mars import reference
+from mars.newton_schulz import orthogonalise
+from mars.optimizer import (
+    MARS,
+    check_betas,
+    check_ns_dtype,
+    check_non_negative,
+    check_real_params,
+    fill_new_defaults,
+    float32_zeros_like,
+    restore_float32_state,
+    WeakProcessGroup,
+)
+
+
+def check_flags(**flags: Any) -> None:
+    """Raise a ValueError naming the first argument that is not a bool."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+class _ShapeScaledOrthogonal(torch.optim.Optimizer):
+    """What MarsM, MarsMEfficient and Moonlight share: every 2-D tensor of a group with ``matrix_rule`` steps by
+    its orthogonalised direction (the subclass's :meth:`_direction`), scaled by 0.2 sqrt(max(A, B))
+    (:func:`mars.reference.apply_shape_scaled_update`); every other tensor takes the authors' AdamW
+    (:func:`mars.reference.mars_m_adamw_step`) with the group's lr and weight decay."""
+
+    process_group = WeakProcessGroup()
+
+    def __init__(self, params, defaults: dict[str, Any], process_group: dist.ProcessGroup | None):
+        super().__init__(params, defaults)
+        # Not a hyperparameter: kept out of param_groups, which state_dict() saves.
+        self.process_group = process_group
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group after checking its hyperparameters (defaults filled in) and its parameters."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        check_real_params(group["params"], type(self).__name__)
+        self._check_group(group)
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        """Raise a ValueError naming the first hyperparameter of ``group`` that is out of range."""
+        check_non_negative(lr=group["lr"], weight_decay=group["weight_decay"], adamw_eps=group["adamw_eps"])
+        if not 0.0 <= group["momentum"] < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {group['momentum']!r}")
+        ns_steps = group["ns_steps"]
+        if not (isinstance(ns_steps, int) and not isinstance(ns_steps, bool) and ns_steps >= 1):
+            raise ValueError(f"ns_steps must be an int >= 1, got {ns_steps!r}")
+        check_betas("adamw_betas", group["adamw_betas"])
+        check_ns_dtype(group["ns_dtype"])
+        check_flags(matrix_rule=group["matrix_rule"])
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step on every parameter that has a gradient; returns the closure's loss, if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        # Checked before any update so that an error leaves every parameter and its state untouched.
+        if any(p.grad is not None and p.grad.is_sparse for group in self.param_groups for p in group["params"]):
+            raise RuntimeError(f"{type(self).__name__} does not support sparse gradients; use dense gradients")
+        for group in self.param_groups:
+            matrices = []
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                if group["matrix_rule"] and param.dim() == 2:
+                    matrices.append(param)
+                else:
+                    self._adamw_step(param, group)
+            if matrices:
+                self._matrix_step(matrices, group)
+        return loss
+
+    def _direction(self, param: Tensor, group: dict[str, Any]) -> Tensor:
+        """The matrix whose orthogonalisation is ``param``'s update; advances ``param``'s state."""
+        raise NotImplementedError
+
+    def _matrix_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
+        """Orthogonalise the directions of a group's matrices (same shapes batched) and apply them."""
+        directions = [self._direction(param, group) for param in params]
+        ns_dtype = group["ns_dtype"]
+        # bfloat16 Newton-Schulz results are exact in bfloat16: under DDP that halves the bytes all-reduced.
+        out_dtype = torch.bfloat16 if ns_dtype == torch.bfloat16 else torch.float32
+        # The authors normalise the ns_dtype copy by its own norm, with a fixed eps (mars_m.py:19-23).
+        updates = orthogonalise(directions, group["ns_steps"], ns_dtype, self.process_group,
+                                eps=reference.MARS_M_NEWTON_SCHULZ_EPS, norm_in_dtype=True, out_dtype=out_dtype)
+        for param, update in zip(params, updates):
+            reference.apply_shape_scaled_update(param, update, lr=group["lr"], weight_decay=group["weight_decay"])
+
+    def _adamw_step(self, param: Tensor, group: dict[str, Any]) -> None:
+        """The authors' AdamW step of one tensor that takes no matrix rule."""
+        state = self.state[param]
+        exp_avg, exp_avg_sq = self._buffer(param, "exp_avg"), self._buffer(param, "exp_avg_sq")
+        state["step"] = state.get("step", 0) + 1
+        beta1, beta2 = group["adamw_betas"]
+        reference.mars_m_adamw_step(param, param.grad, exp_avg, exp_avg_sq, step=state["step"], lr=group["lr"],
+                                    beta1=beta1, beta2=beta2, eps=group["adamw_eps"],
+                                    weight_decay=group["weight_decay"])
+
+    def _buffer(self, param: Tensor, key: str) -> Tensor:
+        """``param``'s float32 state buffer ``key``, zeros when new."""
+        state = self.state[param]
+        if key not in state:
+            state[key] = float32_zeros_like(param)
+        return state[key]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load as ``torch.optim.Optimizer`` does, keeping float32 state for low-precision parameters."""
+        super().load_state_dict(state_dict)
+        restore_float32_state(self, state_dict)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        fill_new_defaults(self)
+
+
+class MarsM(_ShapeScaledOrthogonal):
+    r"""MARS-M: MARS variance reduction on Moonlight's orthogonalised momentum (arXiv 2510.21800, Algorithm 2).
+
+    For a 2-D tensor (A x B) of a group with ``matrix_rule``, with gradient :math:`g_t` and remembered gradient
+    :math:`\tilde g_{t-1}` (zeros at the first step):
+
+    .. math::
+        c_t &= g_t + \gamma \tfrac{\beta}{1-\beta} (g_t - \tilde g_{t-1}),
+               \qquad c_t \leftarrow c_t / \|c_t\|_F \text{ if } \|c_t\|_F > 1 \text{ (clip\_c)} \\
+        m_t &= \beta m_{t-1} + (1-\beta) c_t \\
+        x_{t+1} &= x_t (1 - \eta_t \lambda) - \eta_t \cdot 0.2 \sqrt{\max(A, B)}\ \mathrm{NS}_k(m_t)
+
+    (:func:`mars.reference.mars_m_step`). :math:`\mathrm{NS}_k` is Newton-Schulz with ``ns_steps`` iterations in
+    ``ns_dtype``, normalised as the authors' (the ``ns_dtype`` copy by its own norm, eps 1e-7); it runs through
+    :func:`mars.newton_schulz.orthogonalise`, whose iteration groups the products as a X + b (A X) + c A (A X)
+    where the authors' forms b A + c A A first (:func:`mars.reference.newton_schulz5_gram_polynomial`): equal in
+    exact arithmetic, 2-3% apart in bfloat16 rounding, as far as their compiled kernels are from their eager code.
+
+    Every other tensor (not 2-D, or in a group with ``matrix_rule=False``: the authors' embeddings and lm_head,
+    ``train_mars_m.py:212-219``) takes their AdamW (:func:`mars.reference.mars_m_adamw_step`) with the group's
+    ``lr`` and ``weight_decay`` and ``adamw_betas``/``adamw_eps``, as their code does (``mars_m.py:222-250``).
+    A group's own ``lr``/``weight_decay`` set those of its tensors, whichever rule they take.
+
+    The remembered gradient :math:`\tilde g_{t-1}` depends on the scheme, as in :class:`mars.MARS`:
+
+    * approximate (``is_approx=True``, MARS-M-approx): the previous step's gradient, copied by ``step()``.
+    * exact (``is_approx=False``): :math:`\nabla f(x_{t-1}, \xi_t)`, the gradient of this step's batch at the
+      previous parameters. Each iteration first evaluates the *next* batch at the current parameters, as the
+      authors' trainer does (``train_mars_m.py:354-414``)::
+
+          loss_fn(model, next_batch).backward()   # (clip gradients here as for the step)
+          optimizer.stash_lookahead_grad()        # their update_previous_grad()
+          optimizer.zero_grad()
+          loss_fn(model, batch).backward()        # (clip)
+          optimizer.step()                        # promotes the stash: their update_last_grad(), a no-op after it
+          optimizer.zero_grad()
+
+    The authors' ``clip_c`` flag is never read (``mars_m.py:198-200`` clip unconditionally), so their runs all
+    clipped: ``clip_c=True`` is that default, ``clip_c=False`` the unclipped rule the flag describes. State
+    (float32 whatever the parameter dtype): ``momentum_buffer`` and ``last_grad`` per matrix (plus
+    ``previous_grad``, the stash, in the exact scheme); ``step``, ``exp_avg``, ``exp_avg_sq`` per AdamW tensor.
+
+    Args:
+        params: parameters or parameter groups; a group may set ``matrix_rule=False`` to send its 2-D tensors to
+            AdamW, and its own ``lr``/``weight_decay``.
+        lr: learning rate (the authors' ``lr``): the matrices step by lr * 0.2 sqrt(max(A, B)), AdamW by lr.
+        momentum: beta of the momentum and of the correction (the authors' trainer passes its ``beta1``).
+        weight_decay: decoupled weight decay lr * weight_decay of every tensor (the authors' ``wd``).
+        gamma: strength of the variance-reduction correction (0: Moonlight without Nesterov, on clipped g_t).
+        clip_c: scale c_t to unit Frobenius norm when it is longer.
+        is_approx: approximate (True) or exact (False) scheme, see above.
+        ns_steps: Newton-Schulz iterations.
+        adamw_betas, adamw_eps: AdamW's betas and eps (the authors' trainer passes its ``betas_1d``).
+        matrix_rule: default of the group option above.
+        ns_dtype: Newton-Schulz dtype: the authors' bfloat16, float32 (~10x faster on CPUs without bfloat16
+            matrix units) or float64.
+        process_group: under DDP (every rank holding the same gradients), the ranks share the Newton-Schulz work
+            out as :class:`mars.Muon` does. Held weakly (:class:`mars.optimizer.WeakProcessGroup`).
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        momentum: float = 0.95,
+        weight_decay: float = 0.1,
+        gamma: float = 0.025,
+        clip_c: bool = True,
+        is_approx: bool = True,
+        ns_steps: int = 5,
+        adamw_betas: tuple[float, float] = (0.9, 0.95),
+        adamw_eps: float = 1e-8,
+        matrix_rule: bool = True,
+        ns_dtype: torch.dtype = torch.bfloat16,
+        process_group: dist.ProcessGroup | None = None,
+    ):
+        check_flags(is_approx=is_approx)
+        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, gamma=gamma, clip_c=clip_c,
+                        ns_steps=ns_steps, adamw_betas=adamw_betas, adamw_eps=adamw_eps, matrix_rule=matrix_rule,
+                        ns_dtype=ns_dtype)
+        # The scheme fixes what the state means, so it is the optimizer's, not a group's.
+        self.is_approx = is_approx
+        self._lookahead_stashed = False
+        self._stashed_states: list[dict] = []  # states whose previous_grad was stashed since the last step
+        super().__init__(params, defaults, process_group)
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        super()._check_group(group)
+        check_non_negative(gamma=group["gamma"])
+        check_flags(clip_c=group["clip_c"])
+
+    @property
+    def needs_lookahead_grad(self) -> bool:
+        """True in the exact scheme: call ``stash_lookahead_grad()`` before every ``step()``."""
+        return not self.is_approx
+
+    @torch.no_grad()
+    def stash_lookahead_grad(self) -> None:
+        """Exact scheme: remember each matrix's ``p.grad`` (the next batch at the current parameters) for the
+        next step. A no-op in the approximate scheme, as the authors' ``update_previous_grad``."""
+        if self.is_approx:
+            return
+        self._stashed_states = []
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None or not (group["matrix_rule"] and param.dim() == 2):
+                    continue
+                self._buffer(param, "previous_grad").copy_(param.grad)
+                self._stashed_states.append(self.state[param])
+        self._lookahead_stashed = True
+
+    update_previous_grad = stash_lookahead_grad
+    # The same promotion of the stashed states as MARS's: swap previous_grad into last_grad.
+    update_last_grad = MARS.update_last_grad
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One MARS-M step on every parameter that has a gradient; returns the closure's loss, if given."""
+        if self.needs_lookahead_grad and not self._lookahead_stashed:
+            raise RuntimeError(
+                "MarsM with is_approx=False needs stash_lookahead_grad() (the gradient of the next batch at the "
+                "current parameters) before every step(); see the MarsM docstring for the loop"
+            )
+        loss = super().step(closure)
+        if self.needs_lookahead_grad:
+            self.update_last_grad()
+            self._lookahead_stashed = False
+        return loss
+
+    def _direction(self, param: Tensor, group: dict[str, Any]) -> Tensor:
+        last_grad = self._buffer(param, "last_grad")
+        direction = reference.mars_m_momentum(param.grad, last_grad, self._buffer(param, "momentum_buffer"),
+                                              momentum=group["momentum"], gamma=group["gamma"],
+                                              clip_c=group["clip_c"])
+        if self.is_approx:
+            last_grad.copy_(param.grad)
+        return direction
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Optimizer.__getstate__ keeps only defaults, state and groups; the scheme must survive a copy or pickle.
+        return {**super().__getstate__(), "is_approx": self.is_approx}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._lookahead_stashed = False
+        self._stashed_states = []
+
+
+class MarsMEfficient(_ShapeScaledOrthogonal):
+    r"""The memory-efficient MARS-M (``MARS_M/optimizers/mars_m_efficient.py``): approximate, unclipped MARS-M with
+    one state buffer per matrix instead of two.
+
+    .. math::
+        b_t &= \beta b_{t-1} + \tfrac{(1-\gamma)(1-\beta)}{\beta} g_t, \qquad d_t = \gamma g_t + \beta b_t \\
+        x_{t+1} &= x_t (1 - \eta_t \lambda) - \eta_t \cdot 0.2 \sqrt{\max(A, B)}\ \mathrm{NS}_k(d_t)
+
+    :math:`d_t` equals the momentum of :class:`MarsM` with ``is_approx=True, clip_c=False``
+    (:func:`mars.reference.mars_m_efficient_direction`), so the two step alike up to rounding. Arguments and
+    the AdamW part as :class:`MarsM`'s; ``momentum`` must be > 0.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        momentum: float = 0.95,
+        weight_decay: float = 0.1,
+        gamma: float = 0.025,
+        ns_steps: int = 5,
+        adamw_betas: tuple[float, float] = (0.9, 0.95),
+        adamw_eps: float = 1e-8,
+        matrix_rule: bool = True,
+        ns_dtype: torch.dtype = torch.bfloat16,
+        process_group: dist.ProcessGroup | None = None,
+    ):
+        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, gamma=gamma, ns_steps=ns_steps,
+                        adamw_betas=adamw_betas, adamw_eps=adamw_eps, matrix_rule=matrix_rule, ns_dtype=ns_dtype)
+        super().__init__(params, defaults, process_group)
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        super()._check_group(group)
+        if group["momentum"] == 0.0:
+            raise ValueError("momentum must be in (0, 1) for MarsMEfficient, whose buffer is scaled by 1 / momentum; "
+                             "got 0.0")
+        check_non_negative(gamma=group["gamma"])
+
+    def _direction(self, param: Tensor, group: dict[str, Any]) -> Tensor:
+        return reference.mars_m_efficient_direction(param.grad, self._buffer(param, "momentum_buffer"),
+                                                    momentum=group["momentum"], gamma=group["gamma"])
+
+
+class Moonlight(_ShapeScaledOrthogonal):
+    r"""Moonlight: Muon with its update scaled to AdamW's RMS (arXiv 2502.16982), the MARS-M paper's baseline as its
+    authors ran it (``MARS_M/optimizers/moonlight.py``).
+
+    .. math::
+        b_t &= \beta b_{t-1} + g_t, \qquad d_t = g_t + \beta b_t \ \text{(nesterov)} \quad\text{or}\quad d_t = b_t \\
+        x_{t+1} &= x_t (1 - \eta_t \lambda) - \eta_t \cdot 0.2 \sqrt{\max(A, B)}\ \mathrm{NS}_k(d_t)
+
+    (:func:`mars.reference.moonlight_step`). Arguments, routing, Newton-Schulz and the AdamW part as
+    :class:`MarsM`'s; ``nesterov`` as the authors' (default True; their trainer leaves it so). State:
+    ``momentum_buffer`` per matrix; ``step``, ``exp_avg``, ``exp_avg_sq`` per AdamW tensor.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        momentum: float = 0.95,
+        weight_decay: float = 0.1,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        adamw_betas: tuple[float, float] = (0.9, 0.95),
+        adamw_eps: float = 1e-8,
+        matrix_rule: bool = True,
+        ns_dtype: torch.dtype = torch.bfloat16,
+        process_group: dist.ProcessGroup | None = None,
+    ):
+        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, ns_steps=ns_steps,
+                        adamw_betas=adamw_betas, adamw_eps=adamw_eps, matrix_rule=matrix_rule, ns_dtype=ns_dtype)
+        super().__init__(params, defaults, process_group)
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        super()._check_group(group)
+        check_flags(nesterov=group["nesterov"])
+
+    def _direction(self, param: Tensor, group: dict[str, Any]) -> Tensor:
+        return reference.moonlight_direction(param.grad, self._buffer(param, "momentum_buffer"),
+                                             momentum=group["momentum"], nesterov=group["nesterov"])
