@@ -95,6 +95,21 @@ def test_zero1_sharded_mars_trains_like_unsharded_mars(tmp_path, optimizer):
 
 
 @pytest.mark.slow
+def test_zero1_sharded_mars_m_trains_like_unsharded_mars_m(tmp_path):
+    # float32 Newton-Schulz: ZeRO-1 orthogonalises each matrix on its owner rank, unsharded DDP shares the work out
+    # by another plan; in bfloat16 the two could round apart.
+    options = ("optimizer=mars-m", "optimizer.ns_dtype=float32")
+    plain, plain_ckpt = run([*TORCHRUN, "train.py"], tmp_path / "plain", *options)
+    sharded, sharded_ckpt = run([*TORCHRUN, "train.py"], tmp_path / "zero1", *options, "train.zero1=true")
+    assert losses(sharded, "train/loss") == pytest.approx(losses(plain, "train/loss"), rel=1e-6)
+    for name, tensor in plain_ckpt["model"].items():
+        torch.testing.assert_close(sharded_ckpt["model"][name], tensor, rtol=1e-5, atol=1e-6)
+    assert len(sharded_ckpt["optimizer"]["state"]) == len(plain_ckpt["optimizer"]["state"])
+    matrices = [s for s in sharded_ckpt["optimizer"]["state"].values() if "momentum_buffer" in s]
+    assert matrices and all("last_grad" in s for s in matrices)
+
+
+@pytest.mark.slow
 def test_zero1_run_resumes_exactly_from_its_gathered_checkpoint(tmp_path):
     full, _ = run([*TORCHRUN, "train.py"], tmp_path, "train.zero1=true", "train.checkpoint_interval=2")
     (tmp_path / "checkpoints" / "ckpt_00000004.pt").unlink()
