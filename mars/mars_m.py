@@ -97,9 +97,11 @@ class _ShapeScaledOrthogonal(torch.optim.Optimizer):
         ns_dtype = group["ns_dtype"]
         # bfloat16 Newton-Schulz results are exact in bfloat16: under DDP that halves the bytes all-reduced.
         out_dtype = torch.bfloat16 if ns_dtype == torch.bfloat16 else torch.float32
-        # The authors normalise the ns_dtype copy by its own norm, with a fixed eps (mars_m.py:19-23).
+        # The authors' Newton-Schulz: the ns_dtype copy normalised by its own norm with a fixed eps, the polynomial
+        # in the Gram matrix formed first (mars_m.py:19-30).
         updates = orthogonalise(directions, group["ns_steps"], ns_dtype, self.process_group,
-                                eps=reference.MARS_M_NEWTON_SCHULZ_EPS, norm_in_dtype=True, out_dtype=out_dtype)
+                                eps=reference.MARS_M_NEWTON_SCHULZ_EPS, norm_in_dtype=True, out_dtype=out_dtype,
+                                gram_first=True)
         for param, update in zip(params, updates):
             reference.apply_shape_scaled_update(param, update, lr=group["lr"], weight_decay=group["weight_decay"])
 

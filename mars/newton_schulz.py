@@ -28,11 +28,14 @@ def assign_owners(shapes: list[torch.Size], world_size: int) -> list[int]:
 
 def orthogonalise(matrices: list[Tensor], steps: int = 5, dtype: torch.dtype = torch.bfloat16,
                   process_group: dist.ProcessGroup | None = None, eps: float = 1e-7, *,
-                  norm_in_dtype: bool = False, out_dtype: torch.dtype = torch.float32) -> list[Tensor]:
+                  norm_in_dtype: bool = False, out_dtype: torch.dtype = torch.float32,
+                  gram_first: bool = False) -> list[Tensor]:
     """Newton-Schulz of each matrix; same-shaped ones go through as one batch (fewer, larger products).
 
     ``dtype`` and ``norm_in_dtype`` are :func:`mars.reference.newton_schulz5`'s; the results come back in
-    ``out_dtype``. With a ``process_group`` of several ranks, all holding the same ``matrices`` (DDP's
+    ``out_dtype``. ``gram_first`` takes the MARS-M authors' product order instead
+    (:func:`mars.reference.newton_schulz5_gram_polynomial`, which always normalises in ``dtype``): the same
+    polynomial, rounded differently. With a ``process_group`` of several ranks, all holding the same ``matrices`` (DDP's
     all-reduced gradients), each rank orthogonalises its share (:func:`assign_owners`) and an all-reduce of one
     flat ``out_dtype`` buffer, zero outside each owner's slots, hands every rank all results exactly: the cost
     per rank falls with the number of ranks instead of being repeated on each, and N ranks return what one
@@ -46,12 +49,20 @@ def orthogonalise(matrices: list[Tensor], steps: int = 5, dtype: torch.dtype = t
     for index, matrix in enumerate(matrices):
         if owners[index] == rank:
             by_shape.setdefault(matrix.shape, []).append(index)
+    if gram_first and not norm_in_dtype:
+        raise ValueError("gram_first=True normalises in dtype (the MARS-M authors' form): pass norm_in_dtype=True")
+
+    def newton_schulz(matrix: Tensor) -> Tensor:
+        if gram_first:
+            return reference.newton_schulz5_gram_polynomial(matrix, steps, eps, dtype)
+        return reference.newton_schulz5(matrix, steps, eps, dtype, norm_in_dtype)
+
     for indices in by_shape.values():
         if len(indices) == 1:
-            results[indices[0]] = reference.newton_schulz5(matrices[indices[0]], steps, eps, dtype, norm_in_dtype)
+            results[indices[0]] = newton_schulz(matrices[indices[0]])
         else:
             batch = torch.stack([matrices[i] for i in indices])
-            for index, result in zip(indices, reference.newton_schulz5(batch, steps, eps, dtype, norm_in_dtype)):
+            for index, result in zip(indices, newton_schulz(batch)):
                 results[index] = result
     if world_size == 1:
         return [result.to(out_dtype) for result in results]

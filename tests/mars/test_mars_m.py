@@ -320,7 +320,7 @@ def test_optimizer_follows_the_reference(name, dtype):
 
 
 @pytest.mark.parametrize("name", ["approx", "efficient", "moonlight"])
-def test_bfloat16_newton_schulz_is_the_authors_normalisation_in_our_product_order(name):
+def test_bfloat16_newton_schulz_is_the_authors_in_their_product_order(name):
     # One step from zero state: the update is NS(d_1) with d_1 a multiple of g_1 (plus gamma g_1 for efficient).
     torch.manual_seed(3)
     param, grad = torch.nn.Parameter(torch.randn(12, 4)), torch.randn(12, 4) * 0.1
@@ -334,11 +334,21 @@ def test_bfloat16_newton_schulz_is_the_authors_normalisation_in_our_product_orde
                                                                       nesterov=True)}[name](grad)
     param.grad = grad.clone()
     optimizer.step()
-    for newton_schulz, tolerance in ((lambda d: reference.newton_schulz5(d, eps=1e-7, norm_in_dtype=True), 0.0),
-                                     (reference.newton_schulz5_gram_polynomial, 1e-3)):
+    for newton_schulz, tolerance in ((reference.newton_schulz5_gram_polynomial, 0.0),
+                                     (lambda d: reference.newton_schulz5(d, eps=1e-7, norm_in_dtype=True), 1e-3)):
         expected = p0.clone()
         reference.apply_shape_scaled_update(expected, newton_schulz(direction), lr=LR, weight_decay=WEIGHT_DECAY)
         torch.testing.assert_close(param.detach(), expected, rtol=0, atol=tolerance)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_optimizer_is_the_reference_bit_for_bit_with_bfloat16_newton_schulz(name):
+    initial, steps = random_steps(CLASS_SHAPES, 6, torch.float32, seed=300 + len(name))
+    _, params = run_optimizer(VARIANTS[name], initial, steps, ns_dtype=torch.bfloat16)
+    matrix_rule = [len(shape) == 2 and i != EMBEDDING for i, shape in enumerate(CLASS_SHAPES)]
+    expected = reference_trajectory(VARIANTS[name], initial, steps, torch.bfloat16, matrix_rule=matrix_rule)
+    for param, e in zip(params, expected):
+        torch.testing.assert_close(param.detach(), e, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", ["approx", "exact", "efficient", "moonlight"])

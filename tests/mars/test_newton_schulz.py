@@ -78,3 +78,16 @@ def test_norm_in_dtype_changes_bfloat16_newton_schulz_and_not_float32():
     own_norm, float32_norm = (orthogonalise([matrix], dtype=torch.float32, norm_in_dtype=flag)[0]
                               for flag in (True, False))
     torch.testing.assert_close(own_norm, float32_norm, rtol=0, atol=0)
+
+
+def test_gram_first_is_the_mars_m_authors_form_matrix_by_matrix_and_needs_the_norm_in_dtype():
+    from mars import reference
+
+    torch.manual_seed(5)
+    matrices = [torch.randn(shape) for shape in SHAPES]
+    results = orthogonalise(matrices, dtype=torch.bfloat16, norm_in_dtype=True, gram_first=True)
+    for matrix, result in zip(matrices, results):
+        expected = reference.newton_schulz5_gram_polynomial(matrix, dtype=torch.bfloat16, eps=1e-7).float()
+        torch.testing.assert_close(result, expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="gram_first=True normalises in dtype"):
+        orthogonalise(matrices, gram_first=True)
