@@ -31,8 +31,8 @@ How each option of ``model.GPTConfig`` maps (transformers' ``models/gpt2/modelin
 - ``block_size`` -> ``n_positions``; the MLP's width is 4 x ``n_embd`` in both (``n_inner=None``).
 - ``vocab_size`` is kept, padding included (50304 for GPT-2's 50257 tokens): the tokenizer never produces ids
   50257 and up, but the model still computes a logit for them and every softmax includes them, as our training
-  loss did, so HF log-likelihoods equal ours. Trained models push those logits far down (every step's softmax
-  gradient lowers them), yet sampling could in principle pick one; the tokenizer decodes such an id to nothing.
+  loss did, so HF log-likelihoods equal ours. Training lowers those logits (the softmax's gradient pushes down
+  every id but the target), yet sampling could in principle pick one; the tokenizer decodes such an id to nothing.
 - ``bos_token_id`` and ``eos_token_id`` are GPT-2's ``<|endoftext|>``, 50256; nothing is prepended to a text.
 
 The tokenizer is GPT-2's byte-level BPE, built from the rank file that ships with ``data/`` (``data/tokenizer.py``):
@@ -45,27 +45,23 @@ The weights are written as they are stored in the checkpoint (float32), whatever
 """
 import argparse
 import json
-import pickle
 from pathlib import Path
 
 import torch
 from tiktoken.load import load_tiktoken_bpe
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Tokenizer
 from transformers.convert_slow_tokenizer import bytes_to_unicode
+from transformers.utils.logging import disable_progress_bar
 
 from data.tokenizer import GPT2_EOT_TOKEN, GPT2_RANKS_FILE
-from evaluation.hellaswag import load_model
 from model import GPT, GPTConfig
-from training.checkpoint import UnreadableCheckpoints
+from training.checkpoint import UnreadableCheckpoints, checkpoint_dir, latest_checkpoint, load_checkpoint
 
 LAYER_NORM_EPS = 1e-5  # model/gpt.py LayerNorm.forward
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}  # GPTConfig.activation -> activation_function
 # Block projections that HF's Conv1D stores as (in, out), the transpose of nn.Linear's (out, in).
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 EOT_TEXT = "<|endoftext|>"
-# What loading a file that is not a train.py checkpoint raises: torch.load on other bytes, a missing key, a
-# config GPTConfig refuses, weights of another shape.
-NOT_A_CHECKPOINT = (pickle.UnpicklingError, EOFError, RuntimeError, KeyError, TypeError, ValueError, AttributeError)
 
 
 def hf_config(config: GPTConfig) -> GPT2Config:
@@ -95,7 +91,7 @@ def hf_config(config: GPTConfig) -> GPT2Config:
 
 
 def hf_model(model: GPT) -> GPT2LMHeadModel:
-    """A ``GPT2LMHeadModel`` holding ``model``'s weights (Conv1D ones transposed, absent biases as zeros), in eval mode."""
+    """A ``GPT2LMHeadModel`` with ``model``'s weights (Conv1D ones transposed, absent biases as zeros), in eval mode."""
     config = hf_config(model.config)
     exported = GPT2LMHeadModel(config)
     weights = {name: tensor.t() if name.endswith(CONV1D_WEIGHTS) else tensor
@@ -155,14 +151,47 @@ def load_trained_model(checkpoint: Path) -> tuple[GPT, Path]:
     if not checkpoint.exists():
         raise FileNotFoundError(f"{checkpoint} does not exist: pass a run directory of train.py or one of its "
                                 "checkpoints/ckpt_*.pt files")
+    cpu = torch.device("cpu")
+    if checkpoint.is_dir():
+        try:
+            found = latest_checkpoint(checkpoint, cpu)
+        except UnreadableCheckpoints:
+            raise ValueError(f"none of the checkpoints in {checkpoint_dir(checkpoint)} can be read: pass a "
+                             "readable checkpoint file instead") from None
+        if found is None:
+            raise FileNotFoundError(f"{checkpoint} holds no checkpoint ({checkpoint_dir(checkpoint)}/ckpt_*.pt): "
+                                    "pass a run directory of train.py that has saved one, or a checkpoint file")
+        checkpoint, state = found
+    else:
+        try:
+            state = load_checkpoint(checkpoint, cpu)
+        except Exception as err:  # torch.load's errors for foreign bytes vary: pickle, zip, EOF, KeyError...
+            raise ValueError(f"{checkpoint} is not a checkpoint written by train.py: torch.load cannot read it "
+                             f"({_one_line(err)})") from None
+    return gpt_from_state(state, checkpoint), checkpoint
+
+
+def gpt_from_state(state, checkpoint: Path) -> GPT:
+    """The GPT whose weights and model config a loaded train.py checkpoint holds."""
+    if not (isinstance(state, dict) and isinstance(state.get("model"), dict)
+            and isinstance(state.get("config"), dict) and isinstance(state["config"].get("model"), dict)):
+        raise ValueError(f"{checkpoint} is not a checkpoint written by train.py: it lacks the model's weights "
+                         "(\"model\") or its config (\"config\" with a \"model\" section)")
     try:
-        return load_model(checkpoint, torch.device("cpu"))
-    except UnreadableCheckpoints as err:
-        raise ValueError(str(err).split("; ")[0]) from None
-    except NOT_A_CHECKPOINT as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"{checkpoint} is not a checkpoint written by train.py ({type(err).__name__}: "
-                         f"{reason})") from None
+        model = GPT(GPTConfig(**state["config"]["model"]))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{checkpoint}: its model config does not make a model.GPTConfig ({_one_line(err)})") from None
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:
+        raise ValueError(f"{checkpoint}: its weights do not fit the GPT of its own config ({_one_line(err)})") from None
+    return model.eval()
+
+
+def _one_line(err: Exception, limit: int = 300) -> str:
+    message = " ".join(str(err).split())
+    text = f"{type(err).__name__}: {message}" if message else type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def save_hf(model: GPT, out: Path) -> Path:
@@ -193,6 +222,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    disable_progress_bar()  # the command prints one line: what it wrote, or why it could not
     try:
         model, checkpoint = load_trained_model(args.checkpoint)
         out = save_hf(model, args.out)

@@ -1,96 +1,261 @@
-"""Hugging Face export: the exported GPT2LMHeadModel computes our logits, its tokenizer encodes as tiktoken, both
-load offline, and what cannot be exported says so in one line."""
+"""Export to Hugging Face format: the exported GPT2LMHeadModel computes our logits, the tokenizer tiktoken's ids."""
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: nothing here may download
+
 import pytest
 import torch
+from tiktoken.load import load_tiktoken_bpe
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.activations import ACT2FN
 
-from data.tokenizer import gpt2_encoding
-from evaluation.export_hf import save_hf
-from evaluation.hellaswag import load_model
+from data.embedded import clean_play, play_files
+from data.tokenizer import GPT2_EOT_TOKEN, GPT2_RANKS_FILE, gpt2_encoding
+from evaluation.export_hf import (HF_ACTIVATIONS, LAYER_NORM_EPS, export, gpt2_merges, hf_config, main,
+                                  save_hf)
 from model import GPT, GPTConfig
+from model.gpt import ACTIVATIONS
+from training.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
-OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-TEXTS = ["Hello world", "  two  spaces,\ttabs\n\nand lines", "naïve café — 東京 🙂", "It's 2026; we're done.",
-         "<|endoftext|>after the end", "x" * 40]
+# Every option the export maps, on 2 layers (so that scale_attn_by_inverse_layer_idx divides by 1 and by 2).
+CONFIGS = {
+    "no-bias, layer-scaled, tanh GELU": dict(bias=False, scale_attn_by_inverse_layer_idx=True,
+                                             activation="gelu_tanh"),
+    "bias, exact GELU": dict(bias=True, scale_attn_by_inverse_layer_idx=False, activation="gelu"),
+    "bias, layer-scaled, tanh GELU, unpadded vocabulary": dict(
+        bias=True, scale_attn_by_inverse_layer_idx=True, activation="gelu_tanh", vocab_size=50257),
+    "no-bias, exact GELU": dict(bias=False, scale_attn_by_inverse_layer_idx=False, activation="gelu"),
+}
+TEXTS = [
+    "Hello world",
+    " leading space, trailing space ",
+    "whitespace   runs\t\tand\n\n\nnewlines  \n  \r\n",
+    "naïve café, Ελληνικά, русский, 日本語のテキスト, 한국어, emoji 🤖🎉 and combining e\u0301",
+    "It's we'll they've I'D 12345678 3.14159 $$$ ... ---",
+    "one document<|endoftext|>the next",
+    "<|endoftext|>",
+]
 
 
-def our_logits(model: GPT, idx: torch.Tensor) -> torch.Tensor:
+def offline_env() -> dict[str, str]:
+    """This process's environment (the session's data cache included) with the Hugging Face hub offline."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def hf_causal_lm(directory: Path, attn_implementation: str = "sdpa"):
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
+                                                attn_implementation=attn_implementation).eval()
+
+
+def perturbed_gpt(config: GPTConfig, seed: int = 0) -> GPT:
+    """A GPT whose every parameter is random: biases and layer norms too, so a misplaced one changes the logits."""
+    torch.manual_seed(seed)
+    model = GPT(config).eval()
     with torch.no_grad():
-        return model(idx)[0]
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    return model
 
 
-def hf_logits(out: Path, idx: torch.Tensor, attention: str = "eager") -> torch.Tensor:
-    exported = AutoModelForCausalLM.from_pretrained(out, attn_implementation=attention, dtype=torch.float32).eval()
+@pytest.fixture(scope="module", params=list(CONFIGS), ids=list(CONFIGS))
+def exported_random_model(request, tmp_path_factory):
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, **CONFIGS[request.param])
+    model = perturbed_gpt(config)
+    return model, save_hf(model, tmp_path_factory.mktemp("export") / "hf")
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_exported_model_computes_our_logits_at_every_position(exported_random_model, attn_implementation):
+    model, directory = exported_random_model
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, model.config.vocab_size, (2, model.config.block_size), generator=generator)
     with torch.no_grad():
-        return exported(idx).logits
+        ours, _ = model(tokens)
+        theirs = hf_causal_lm(directory, attn_implementation)(tokens).logits
+    assert ours.shape == theirs.shape == (2, model.config.block_size, model.config.vocab_size)
+    torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("options", [
-    dict(bias=False, scale_attn_by_inverse_layer_idx=False, activation="gelu"),
-    dict(bias=True, scale_attn_by_inverse_layer_idx=False, activation="gelu"),
-    dict(bias=False, scale_attn_by_inverse_layer_idx=True, activation="gelu_tanh"),
-    dict(bias=True, scale_attn_by_inverse_layer_idx=True, activation="gelu_tanh", vocab_size=50257),
-])
-@pytest.mark.parametrize("attention", ["eager", "sdpa"])
-def test_exported_model_computes_our_logits_for_every_option(tmp_path, options, attention):
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=24, **options)).eval()
-    with torch.no_grad():  # biases and layer-norm gains away from their initial 0 and 1, so that they count
-        for name, param in model.named_parameters():
-            if name.endswith((".bias", "ln_1.weight", "ln_2.weight", "ln_f.weight")):
-                param.add_(0.1 * torch.randn_like(param))
-    idx = torch.randint(0, 50257, (2, 24))
-    out = save_hf(model, tmp_path / "hf")
-    torch.testing.assert_close(hf_logits(out, idx, attention), our_logits(model, idx), atol=1e-5, rtol=1e-5)
+def test_exported_model_is_tied_float32_and_keeps_the_padded_vocabulary(exported_random_model):
+    model, directory = exported_random_model
+    exported = hf_causal_lm(directory)
+    assert exported.lm_head.weight.data_ptr() == exported.transformer.wte.weight.data_ptr()
+    assert exported.transformer.wte.weight.dtype == torch.float32
+    torch.testing.assert_close(exported.transformer.wte.weight, model.transformer.wte.weight, atol=0, rtol=0)
+    assert exported.config.vocab_size == model.config.vocab_size
+    assert exported.config.n_positions == model.config.block_size
+
+
+def test_config_carries_every_option_of_ours():
+    config = hf_config(GPTConfig(n_layer=3, n_head=4, n_embd=64, block_size=48, vocab_size=50304, dropout=0.125,
+                                 scale_attn_by_inverse_layer_idx=True, activation="gelu_tanh"))
+    shape = (config.n_layer, config.n_head, config.n_embd, config.n_positions, config.vocab_size)
+    assert shape == (3, 4, 64, 48, 50304)
+    assert config.n_inner is None  # HF's 4 x n_embd, as our MLP
+    assert (config.embd_pdrop, config.attn_pdrop, config.resid_pdrop) == (0.125, 0.125, 0.125)
+    assert config.scale_attn_weights and config.scale_attn_by_inverse_layer_idx
+    assert not config.reorder_and_upcast_attn
+    assert config.activation_function == "gelu_pytorch_tanh"
+    assert config.layer_norm_epsilon == LAYER_NORM_EPS
+    assert config.tie_word_embeddings
+    assert config.bos_token_id == config.eos_token_id == GPT2_EOT_TOKEN
+    assert not hf_config(GPTConfig(n_layer=1, n_head=1, n_embd=8)).scale_attn_by_inverse_layer_idx
+
+
+def test_our_layer_norm_eps_is_the_exported_one():
+    layer_norm = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=16)).transformer.ln_f
+    x = 1e-3 * torch.randn(4, 8)  # variance ~1e-6, where eps decides the output
+    reference = torch.nn.functional.layer_norm(x, (8,), layer_norm.weight, None, eps=LAYER_NORM_EPS)
+    torch.testing.assert_close(layer_norm(x), reference, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+def test_every_activation_maps_to_the_very_same_hf_function(activation):
+    x = torch.linspace(-12, 12, 100_001)
+    ours = torch.nn.GELU(approximate=ACTIVATIONS[activation])(x)
+    assert torch.equal(ACT2FN[HF_ACTIVATIONS[activation]](x), ours)
+
+
+def test_an_activation_hf_cannot_express_is_refused(tmp_path):
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=16))
+    model.config.activation = "relu"  # past GPTConfig's own check: a future option the export does not know
+    with pytest.raises(ValueError, match="activation 'relu' has no Hugging Face GPT-2 equivalent"):
+        save_hf(model, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
 
 
 @pytest.fixture(scope="module")
-def exported_run(tmp_path_factory):
-    """A run of train.py (tanh GELU, inverse-layer scaling, no biases), exported by the command."""
-    run_dir, out = tmp_path_factory.mktemp("run"), tmp_path_factory.mktemp("hf")
+def trained_run(tmp_path_factory):
+    """A run of train.py itself (the tiny preset: layer-scaled attention, tanh GELU, no biases), 4 steps."""
+    run_dir = tmp_path_factory.mktemp("run")
     subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", "model.n_layer=2", "model.n_head=2",
-                    "model.n_embd=32", "model.activation=gelu_tanh", "model.scale_attn_by_inverse_layer_idx=true",
-                    "train.batch_size=2", "train.block_size=32", "train.max_iters=4", "train.eval_interval=4",
-                    "train.checkpoint_interval=4", "train.device=cpu", "train.warmup_iters=1"],
-                   cwd=REPO, check=True, capture_output=True, timeout=600)
-    result = subprocess.run([sys.executable, "-m", "evaluation.export_hf", "--checkpoint", str(run_dir), "--out",
-                             str(out)], cwd=REPO, env=OFFLINE, capture_output=True, text=True, timeout=600)
+                    "model.n_embd=32", "train.batch_size=2", "train.block_size=32", "train.max_iters=4",
+                    "train.eval_interval=4", "train.eval_iters=1", "train.checkpoint_interval=4",
+                    "train.device=cpu", "train.warmup_iters=1"],
+                   cwd=REPO, env=offline_env(), check=True, capture_output=True, timeout=300)
+    return run_dir
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "evaluation.export_hf", *args], cwd=REPO, env=offline_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def exported_run(trained_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("exported") / "hf"
+    result = run_cli("--checkpoint", str(trained_run), "--out", str(out))
     assert result.returncode == 0, result.stderr
-    return run_dir, out
+    return trained_run, out, json.loads(result.stdout)
 
 
-def test_an_exported_training_checkpoint_gives_our_logits_on_real_text(exported_run):
-    run_dir, out = exported_run
-    model, _ = load_model(run_dir, torch.device("cpu"))
-    idx = torch.tensor([gpt2_encoding().encode("ROMEO: But soft, what light through yonder window breaks?")])
-    torch.testing.assert_close(hf_logits(out, idx), our_logits(model.eval(), idx), atol=1e-5, rtol=1e-5)
+@pytest.mark.slow
+def test_cli_exports_a_run_directorys_newest_checkpoint(exported_run):
+    run_dir, out, printed = exported_run
+    assert printed == {"checkpoint": str(run_dir / "checkpoints" / "ckpt_00000004.pt"), "out": str(out)}
+    written = {path.name for path in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= written
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["GPT2LMHeadModel"]
+    assert config["scale_attn_by_inverse_layer_idx"] and config["activation_function"] == "gelu_pytorch_tanh"
 
 
-def test_the_exported_tokenizer_loads_offline_and_encodes_as_tiktoken(exported_run):
-    _, out = exported_run
-    tokenizer = AutoTokenizer.from_pretrained(out)
+@pytest.mark.slow
+def test_exported_run_scores_real_text_as_the_checkpoint_does(exported_run):
+    run_dir, out, printed = exported_run
+    state = load_checkpoint(Path(printed["checkpoint"]), torch.device("cpu"))
+    model = GPT(GPTConfig(**state["config"]["model"]))
+    model.load_state_dict(state["model"])
+    model.eval()
+    text = clean_play(next(path for path in play_files() if path.stem == "hamlet").read_text(encoding="utf-8"))
+    tokens = AutoTokenizer.from_pretrained(out)(text[:4000])["input_ids"][: model.config.block_size]
+    assert tokens == gpt2_encoding().encode_ordinary(text[:4000])[: model.config.block_size]
+    tokens = torch.tensor([tokens])
+    exported = hf_causal_lm(out)
+    with torch.no_grad():
+        ours, our_loss = model(tokens[:, :-1], tokens[:, 1:])
+        theirs = exported(tokens, labels=tokens)
+    torch.testing.assert_close(theirs.logits[:, :-1], ours, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(theirs.loss, our_loss, atol=1e-5, rtol=1e-5)  # softmax over the padding ids too
+
+
+@pytest.mark.slow
+def test_export_takes_a_checkpoint_file_too(exported_run, tmp_path):
+    _, out, printed = exported_run
+    assert export(Path(printed["checkpoint"]), tmp_path / "hf") == tmp_path / "hf"
+    from_file = (tmp_path / "hf" / "model.safetensors").read_bytes()
+    assert from_file == (out / "model.safetensors").read_bytes()
+
+
+@pytest.mark.slow
+def test_tokenizer_gives_tiktokens_ids_and_decodes_back(exported_run):
+    tokenizer = AutoTokenizer.from_pretrained(exported_run[1])
     encoding = gpt2_encoding()
     for text in TEXTS:
-        ids = encoding.encode(text, allowed_special="all")
-        assert tokenizer(text)["input_ids"] == ids, text
+        ids = tokenizer(text)["input_ids"]
+        assert ids == encoding.encode(text, allowed_special="all"), text
         assert tokenizer.decode(ids) == text
-    assert tokenizer.eos_token_id == 50256
+    assert tokenizer("Hello world")["input_ids"] == [15496, 995]  # nothing prepended
+    assert tokenizer.eos_token_id == tokenizer.bos_token_id == GPT2_EOT_TOKEN
+    assert len(tokenizer) == GPT2_EOT_TOKEN + 1
 
 
-def test_a_file_that_is_not_a_checkpoint_is_one_line_of_error(tmp_path):
-    bogus = tmp_path / "ckpt_00000001.pt"
-    bogus.write_text("not a checkpoint")
-    for checkpoint in (bogus, tmp_path / "missing", tmp_path / "empty-run"):
-        if checkpoint.name == "empty-run":
-            checkpoint.mkdir()
-        result = subprocess.run([sys.executable, "-m", "evaluation.export_hf", "--checkpoint", str(checkpoint),
-                                 "--out", str(tmp_path / "out")], cwd=REPO, env=OFFLINE, capture_output=True,
-                                text=True, timeout=300)
-        assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
-        assert result.stderr.startswith("error:") and str(checkpoint) in result.stderr
+@pytest.mark.slow
+def test_tokenizer_matches_tiktoken_on_a_whole_play(exported_run):
+    tokenizer = AutoTokenizer.from_pretrained(exported_run[1])
+    text = clean_play(next(path for path in play_files() if path.stem == "the-tempest").read_text(encoding="utf-8"))
+    assert tokenizer(text)["input_ids"] == gpt2_encoding().encode_ordinary(text)
+
+
+def test_merges_are_gpt2s_in_its_order():
+    ranks = load_tiktoken_bpe(str(GPT2_RANKS_FILE))
+    merges = gpt2_merges(ranks)
+    assert len(merges) == 50_000  # GPT-2's merges.txt: one merge per token past the 256 bytes
+    assert merges[:4] == [(b" ", b"t"), (b" ", b"a"), (b"h", b"e"), (b"i", b"n")]
+    assert all(ranks[left + right] == rank for rank, (left, right) in enumerate(merges, start=256))
+
+
+@pytest.mark.slow
+def test_cli_refuses_a_file_that_is_not_a_checkpoint_in_one_line(tmp_path):
+    not_a_checkpoint = tmp_path / "notes.txt"
+    not_a_checkpoint.write_text("not a checkpoint\n")
+    result = run_cli("--checkpoint", str(not_a_checkpoint), "--out", str(tmp_path / "hf"))
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: {not_a_checkpoint} is not a checkpoint written by train.py: torch.load")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_cli_refuses_a_directory_without_checkpoints_in_one_line(tmp_path):
+    with pytest.raises(SystemExit) as exit_info:  # a message, not a traceback; Python prints it and exits with 1
+        main(["--checkpoint", str(tmp_path), "--out", str(tmp_path / "hf")])
+    message = exit_info.value.code
+    assert isinstance(message, str) and "\n" not in message
+    assert message.startswith(f"error: {tmp_path} holds no checkpoint")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_export_says_what_is_wrong_with_a_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        export(tmp_path / "missing", tmp_path / "hf")
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(2)}, foreign)
+    with pytest.raises(ValueError, match=r"not a checkpoint written by train\.py: it lacks the model's weights"):
+        export(foreign, tmp_path / "hf")
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=16))
+    mismatched = tmp_path / "mismatched.pt"
+    torch.save({"model": model.state_dict(), "config": {"model": {"n_layer": 2, "n_head": 1, "n_embd": 8,
+                                                                  "block_size": 4, "vocab_size": 16}}}, mismatched)
+    with pytest.raises(ValueError, match="its weights do not fit the GPT of its own config"):
+        export(mismatched, tmp_path / "hf")
+    out_file = tmp_path / "out.txt"
+    out_file.write_text("")
+    torch.save({"model": model.state_dict(), "config": {"model": vars(model.config)}}, tmp_path / "good.pt")
+    with pytest.raises(ValueError, match="is a file"):
+        export(tmp_path / "good.pt", out_file)
