@@ -54,8 +54,8 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.utils.logging import disable_progress_bar
 
 from data.tokenizer import GPT2_EOT_TOKEN, GPT2_RANKS_FILE
+from evaluation.checkpoints import load_model
 from model import GPT, GPTConfig
-from training.checkpoint import UnreadableCheckpoints, checkpoint_dir, latest_checkpoint, load_checkpoint
 
 LAYER_NORM_EPS = 1e-5  # model/gpt.py LayerNorm.forward
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}  # GPTConfig.activation -> activation_function
@@ -145,55 +145,6 @@ def gpt2_tokenizer(model_max_length: int) -> GPT2Tokenizer:
     return tokenizer
 
 
-def load_trained_model(checkpoint: Path) -> tuple[GPT, Path]:
-    """The GPT of a train.py checkpoint file or run directory (its newest loadable one), on the CPU, and its file."""
-    checkpoint = Path(checkpoint)
-    if not checkpoint.exists():
-        raise FileNotFoundError(f"{checkpoint} does not exist: pass a run directory of train.py or one of its "
-                                "checkpoints/ckpt_*.pt files")
-    cpu = torch.device("cpu")
-    if checkpoint.is_dir():
-        try:
-            found = latest_checkpoint(checkpoint, cpu)
-        except UnreadableCheckpoints:
-            raise ValueError(f"none of the checkpoints in {checkpoint_dir(checkpoint)} can be read: pass a "
-                             "readable checkpoint file instead") from None
-        if found is None:
-            raise FileNotFoundError(f"{checkpoint} holds no checkpoint ({checkpoint_dir(checkpoint)}/ckpt_*.pt): "
-                                    "pass a run directory of train.py that has saved one, or a checkpoint file")
-        checkpoint, state = found
-    else:
-        try:
-            state = load_checkpoint(checkpoint, cpu)
-        except Exception as err:  # torch.load's errors for foreign bytes vary: pickle, zip, EOF, KeyError...
-            raise ValueError(f"{checkpoint} is not a checkpoint written by train.py: torch.load cannot read it "
-                             f"({_one_line(err)})") from None
-    return gpt_from_state(state, checkpoint), checkpoint
-
-
-def gpt_from_state(state, checkpoint: Path) -> GPT:
-    """The GPT whose weights and model config a loaded train.py checkpoint holds."""
-    if not (isinstance(state, dict) and isinstance(state.get("model"), dict)
-            and isinstance(state.get("config"), dict) and isinstance(state["config"].get("model"), dict)):
-        raise ValueError(f"{checkpoint} is not a checkpoint written by train.py: it lacks the model's weights "
-                         "(\"model\") or its config (\"config\" with a \"model\" section)")
-    try:
-        model = GPT(GPTConfig(**state["config"]["model"]))
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{checkpoint}: its model config does not make a model.GPTConfig ({_one_line(err)})") from None
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as err:
-        raise ValueError(f"{checkpoint}: its weights do not fit the GPT of its own config ({_one_line(err)})") from None
-    return model.eval()
-
-
-def _one_line(err: Exception, limit: int = 300) -> str:
-    message = " ".join(str(err).split())
-    text = f"{type(err).__name__}: {message}" if message else type(err).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def save_hf(model: GPT, out: Path) -> Path:
     """Write ``model`` and GPT-2's tokenizer to the directory ``out`` (created if needed) in Hugging Face format."""
     out = Path(out)
@@ -208,7 +159,7 @@ def save_hf(model: GPT, out: Path) -> Path:
 
 def export(checkpoint: Path, out: Path) -> Path:
     """Export a train.py checkpoint file, or a run directory's newest checkpoint, to ``out``; returns ``out``."""
-    model, _ = load_trained_model(checkpoint)
+    model, _ = load_model(checkpoint)
     return save_hf(model, out)
 
 
@@ -224,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     disable_progress_bar()  # the command prints one line: what it wrote, or why it could not
     try:
-        model, checkpoint = load_trained_model(args.checkpoint)
+        model, checkpoint = load_model(args.checkpoint)
         out = save_hf(model, args.out)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from data.corpora import data_root
 from data.tokenizer import gpt2_encoding
-from training.checkpoint import UnreadableCheckpoints
+from evaluation.checkpoints import load_model
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 NUM_ENDINGS = 4
@@ -174,23 +174,6 @@ def training_items(path: str | None, limit: int | None) -> list[Item]:
     return load_items(path, limit)
 
 
-def load_model(checkpoint: Path, device: torch.device):
-    """The GPT of a checkpoint written by train.py: a checkpoint file, or a run directory (its newest one)."""
-    from model import GPT, GPTConfig
-    from training.checkpoint import latest_checkpoint, load_checkpoint
-
-    if checkpoint.is_dir():
-        found = latest_checkpoint(checkpoint, device)
-        if found is None:
-            raise FileNotFoundError(f"{checkpoint} holds no loadable checkpoint under checkpoints/")
-        checkpoint, state = found
-    else:
-        state = load_checkpoint(checkpoint, device)
-    model = GPT(GPTConfig(**state["config"]["model"]))
-    model.load_state_dict(state["model"])
-    return model.to(device), checkpoint
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m evaluation.hellaswag", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", type=Path, required=True,
@@ -221,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         autocast = autocast_context(device, resolve_dtype(Precision.auto, device))
         scores = evaluate_hellaswag(model, load_items(data, args.limit), device, autocast, args.batch_size,
                                     max_length=model.config.block_size)
-    except (ValueError, FileNotFoundError, ConnectionError, UnreadableCheckpoints) as err:
+    except (ValueError, FileNotFoundError, ConnectionError) as err:
         raise SystemExit(f"error: {err}") from None
     print(json.dumps({"checkpoint": str(checkpoint), "data": str(data), **scores}))
 

@@ -15,8 +15,7 @@ import torch
 
 from configs.schema import Precision
 from data.tokenizer import GPT2_EOT_TOKEN, GPT2_VOCAB_SIZE, gpt2_encoding
-from evaluation.hellaswag import load_model
-from training.checkpoint import UnreadableCheckpoints
+from evaluation.checkpoints import load_model
 from training.runtime import autocast_context, resolve_device, resolve_dtype
 
 
@@ -80,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         texts = sample(args.checkpoint, args.prompt, args.max_new_tokens, args.temperature, args.top_k or None,
                        args.seed, args.num_samples, args.device)
-    except (ValueError, FileNotFoundError, UnreadableCheckpoints) as err:
+    except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
     for i, text in enumerate(texts):
         if i:

@@ -12,7 +12,7 @@ import torch
 from data.tokenizer import gpt2_encoding
 from evaluation.authors_downstream import RESULTS, TASKS
 from evaluation.downstream import markdown_table
-from evaluation.hellaswag import load_model
+from evaluation.checkpoints import load_model
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_TASK = REPO / "tests" / "evaluation" / "tiny_task"

@@ -86,4 +86,4 @@ def test_a_directory_without_checkpoints_is_one_line_of_error(tmp_path):
     result = subprocess.run([sys.executable, "-m", "evaluation.sample", "--checkpoint", str(tmp_path)], cwd=REPO,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert result.stderr.startswith("error:") and "no loadable checkpoint" in result.stderr
+    assert result.stderr.startswith("error:") and "holds no checkpoint" in result.stderr

@@ -1,0 +1,61 @@
+"""Load the GPT of a checkpoint written by train.py, for every evaluation command (scoring, export, sampling).
+
+A checkpoint file or a run directory (its newest loadable checkpoint); each way a file can fail to be one gives a
+ValueError or FileNotFoundError with one line that says which.
+"""
+from pathlib import Path
+
+import torch
+
+from model import GPT, GPTConfig
+from training.checkpoint import UnreadableCheckpoints, checkpoint_dir, latest_checkpoint, load_checkpoint
+
+
+def load_model(checkpoint: Path, device: torch.device = torch.device("cpu")) -> tuple[GPT, Path]:
+    """The GPT of a train.py checkpoint file or run directory (its newest loadable one), on ``device`` in eval
+    mode, and the checkpoint file it came from."""
+    checkpoint = Path(checkpoint)
+    if not checkpoint.exists():
+        raise FileNotFoundError(f"{checkpoint} does not exist: pass a run directory of train.py or one of its "
+                                "checkpoints/ckpt_*.pt files")
+    if checkpoint.is_dir():
+        try:
+            found = latest_checkpoint(checkpoint, device)
+        except UnreadableCheckpoints:
+            raise ValueError(f"none of the checkpoints in {checkpoint_dir(checkpoint)} can be read: pass a "
+                             "readable checkpoint file instead") from None
+        if found is None:
+            raise FileNotFoundError(f"{checkpoint} holds no checkpoint ({checkpoint_dir(checkpoint)}/"
+                                    "ckpt_*.pt): pass a run directory of train.py that has saved one, or a "
+                                    "checkpoint file")
+        checkpoint, state = found
+    else:
+        try:
+            state = load_checkpoint(checkpoint, device)
+        except Exception as err:  # torch.load's errors for foreign bytes vary: pickle, zip, EOF, KeyError...
+            raise ValueError(f"{checkpoint} is not a checkpoint written by train.py: torch.load cannot read it "
+                             f"({_one_line(err)})") from None
+    return gpt_from_state(state, checkpoint).to(device), checkpoint
+
+
+def gpt_from_state(state, checkpoint: Path) -> GPT:
+    """The GPT whose weights and model config a loaded train.py checkpoint holds."""
+    if not (isinstance(state, dict) and isinstance(state.get("model"), dict)
+            and isinstance(state.get("config"), dict) and isinstance(state["config"].get("model"), dict)):
+        raise ValueError(f"{checkpoint} is not a checkpoint written by train.py: it lacks the model's weights "
+                         "(\"model\") or its config (\"config\" with a \"model\" section)")
+    try:
+        model = GPT(GPTConfig(**state["config"]["model"]))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{checkpoint}: its model config does not make a model.GPTConfig ({_one_line(err)})") from None
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:
+        raise ValueError(f"{checkpoint}: its weights do not fit the GPT of its own config ({_one_line(err)})") from None
+    return model.eval()
+
+
+def _one_line(err: Exception, limit: int = 300) -> str:
+    message = " ".join(str(err).split())
+    text = f"{type(err).__name__}: {message}" if message else type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
