@@ -18,9 +18,8 @@ from mars.optimizer import (
     check_ns_dtype,
     check_non_negative,
     check_real_params,
-    fill_new_defaults,
     float32_zeros_like,
-    restore_float32_state,
+    Float32StateOptimizer,
     WeakProcessGroup,
 )
 
@@ -32,7 +31,7 @@ def check_flags(**flags: Any) -> None:
             raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
-class _ShapeScaledOrthogonal(torch.optim.Optimizer):
+class _ShapeScaledOrthogonal(Float32StateOptimizer):
     """What MarsM, MarsMEfficient and Moonlight share: every 2-D tensor of a group with ``matrix_rule`` steps by
     its orthogonalised direction (the subclass's :meth:`_direction`), scaled by 0.2 sqrt(max(A, B))
     (:func:`mars.reference.apply_shape_scaled_update`); every other tensor takes the authors' AdamW
@@ -121,16 +120,6 @@ class _ShapeScaledOrthogonal(torch.optim.Optimizer):
         if key not in state:
             state[key] = float32_zeros_like(param)
         return state[key]
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load as ``torch.optim.Optimizer`` does, keeping float32 state for low-precision parameters."""
-        super().load_state_dict(state_dict)
-        restore_float32_state(self, state_dict)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        fill_new_defaults(self)
-
 
 class MarsM(_ShapeScaledOrthogonal):
     r"""MARS-M: MARS variance reduction on Moonlight's orthogonalised momentum (arXiv 2510.21800, Algorithm 2).

@@ -14,9 +14,8 @@ from mars.optimizer import (
     check_ns_dtype,
     check_non_negative,
     check_real_params,
-    fill_new_defaults,
     float32_zeros_like,
-    restore_float32_state,
+    Float32StateOptimizer,
     WeakProcessGroup,
 )
 
@@ -26,7 +25,7 @@ UPDATE_DTYPES = (torch.bfloat16, torch.float32)
 ADDED_OPTIONS = ("adamw_variant", "update_dtype")
 
 
-class Muon(torch.optim.Optimizer):
+class Muon(Float32StateOptimizer):
     r"""MomentUm Orthogonalized by Newton-Schulz (Jordan et al., 2024), the Muon baseline of arXiv 2411.10438.
 
     For a 2-D tensor with gradient :math:`g_t` (rows x cols):
@@ -178,16 +177,11 @@ class Muon(torch.optim.Optimizer):
             reference.adamw_step(param, param.grad, state["exp_avg"], state["exp_avg_sq"], None, **hyper,
                                  amsgrad=False)
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load as ``torch.optim.Optimizer`` does, keeping float32 state for low-precision parameters."""
-        super().load_state_dict(state_dict)
-        restore_float32_state(self, state_dict)
-
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Restore a pickle (or a loaded state_dict's groups), giving options added since their defaults."""
+        if "defaults" in state:  # a pickle; load_state_dict's groups get them from the constructed defaults
+            constructor = inspect.signature(Muon.__init__).parameters
+            for key in ADDED_OPTIONS:
+                state["defaults"].setdefault(key, constructor[key].default)
         super().__setstate__(state)
-        constructor = inspect.signature(Muon.__init__).parameters
-        for key in ADDED_OPTIONS:
-            self.defaults.setdefault(key, constructor[key].default)
-        fill_new_defaults(self)
 

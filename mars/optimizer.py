@@ -97,6 +97,20 @@ def restore_float32_state(optimizer: torch.optim.Optimizer, state_dict: dict[str
                 optimizer.state[param][key] = value.to(device=param.device, dtype=torch.float32, copy=True)
 
 
+class Float32StateOptimizer(torch.optim.Optimizer):
+    """An optimizer whose state stays float32 whatever the parameters' dtype, through ``load_state_dict`` and
+    pickling, and whose param groups from older state dicts get the hyperparameters added since."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load as ``torch.optim.Optimizer`` does, keeping float32 state for low-precision parameters."""
+        super().load_state_dict(state_dict)
+        restore_float32_state(self, state_dict)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        fill_new_defaults(self)
+
+
 class WeakProcessGroup:
     """An optimizer's ``process_group`` attribute, held by weak reference: torch.distributed owns the group.
 
@@ -163,7 +177,7 @@ REFERENCE_BACKEND = SimpleNamespace(
 )
 
 
-class MARS(torch.optim.Optimizer):
+class MARS(Float32StateOptimizer):
     r"""MARS: variance-reduced preconditioned optimization (Yuan et al., 2024, arXiv 2411.10438).
 
     For a tensor taking the MARS rule (2-D tensors, or all with ``optimize_1d``), with gradient
@@ -448,16 +462,6 @@ class MARS(torch.optim.Optimizer):
                 "environment variable TRITON_INTERPRET=1 (slow, for tests). Use backend='torch' on the CPU."
             )
         return importlib.import_module(f"mars.{name}_backend")
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load as ``torch.optim.Optimizer`` does, keeping float32 state for low-precision parameters."""
-        super().load_state_dict(state_dict)
-        restore_float32_state(self, state_dict)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        fill_new_defaults(self)
-
 
 def _by_device(params: list[Tensor]) -> Iterable[tuple[torch.device, list[Tensor]]]:
     """Parameters grouped by device, since each backend call takes tensors on one device."""
