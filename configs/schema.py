@@ -109,6 +109,8 @@ class MuonConfig(OptimizerConfig):
     ns_dtype: str = "auto"
     adamw_variant: str = "authors"  # AdamW of the non-2-D tensors: the authors' (MARS optimizers/adamw.py) or torch
     update_dtype: str = "bfloat16"  # Muon's updates rounded to bfloat16 before they apply (the authors') or float32
+    # Newton-Schulz's product order (mars.newton_schulz.NS_FORMS): the authors' products, gram or fused_gram
+    ns_form: str = "products"
 
 
 @dataclass

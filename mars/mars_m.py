@@ -100,7 +100,7 @@ class _ShapeScaledOrthogonal(Float32StateOptimizer):
         # in the Gram matrix formed first (mars_m.py:19-30).
         updates = orthogonalise(directions, group["ns_steps"], ns_dtype, self.process_group,
                                 eps=reference.MARS_M_NEWTON_SCHULZ_EPS, norm_in_dtype=True, out_dtype=out_dtype,
-                                gram_first=True)
+                                form="gram")
         for param, update in zip(params, updates):
             reference.apply_shape_scaled_update(param, update, lr=group["lr"], weight_decay=group["weight_decay"])
 

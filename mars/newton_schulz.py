@@ -1,16 +1,76 @@
-"""Newton-Schulz orthogonalisation of many matrices at once (Muon, MARS-Shampoo): same-shaped ones batched,
-and under DDP shared out across the ranks, which all hold the same matrices."""
+"""Newton-Schulz orthogonalisation of many matrices at once (Muon, MARS-Shampoo, MARS-M), in one of three
+product orders, one matrix at a time or same-shaped ones batched, and under DDP shared out across the ranks,
+which all hold the same matrices."""
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from mars import reference
 
+# The same quintic, three ways of forming it (the results differ only by rounding; tests/mars/test_newton_schulz.py):
+#   products:    X <- a X + b (A X) + c A (A X),  A = X X^T   the MARS authors' Muon and MARS-Shampoo
+#   gram:        X <- a X + (b A + c A A) X                   the MARS-M authors' (and Muon's current) form
+#   fused_gram:  the gram form with a and (b, c) applied inside the matrix products (addmm), so each iteration
+#                is three kernels, and each product is rounded once to ``dtype`` instead of once per operation.
+# For an m x n matrix (m <= n) products costs 6 m^2 n flops per iteration, gram 4 m^2 n + 2 m^3.
+NS_FORMS = ("products", "gram", "fused_gram")
+
 
 def newton_schulz_cost(shape: torch.Size) -> int:
     """Multiply-adds of one Newton-Schulz iteration on a matrix of ``shape``, up to a constant."""
     small, large = sorted(shape)
     return small * small * large
+
+
+def newton_schulz_flops(shape: torch.Size, form: str, steps: int = 5) -> int:
+    """Floating-point operations of ``steps`` iterations on one matrix of ``shape`` in ``form`` (matrix products only)."""
+    small, large = sorted(shape[-2:])
+    per_iteration = 6 * small * small * large if form == "products" else 4 * small * small * large + 2 * small**3
+    return steps * per_iteration
+
+
+def newton_schulz5_fused_gram(matrix: Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype = torch.bfloat16,
+                              norm_in_dtype: bool = True) -> Tensor:
+    """:func:`mars.reference.newton_schulz5` in the fused Gram form (see ``NS_FORMS``); a batch too.
+
+    The ``dtype`` copy is divided by its own norm (``norm_in_dtype``) or by the norm of ``matrix``, plus
+    ``eps``, as in the reference.
+    """
+    a, b, c = reference.NEWTON_SCHULZ_COEFFS
+    x = matrix.to(dtype)
+    normed = x if norm_in_dtype else matrix
+    norm = normed.norm() if matrix.dim() == 2 else normed.norm(dim=(-2, -1), keepdim=True)
+    x = x / (norm + eps)
+    transposed = matrix.size(-2) > matrix.size(-1)
+    if transposed:
+        x = x.mT
+    product, add_product = (torch.mm, torch.addmm) if matrix.dim() == 2 else (torch.bmm, torch.baddbmm)
+    for _ in range(steps):
+        gram = product(x, x.mT)
+        polynomial = add_product(gram, gram, gram, beta=b, alpha=c)
+        x = add_product(x, polynomial, x, beta=a)
+    if transposed:
+        x = x.mT
+    return x.to(matrix.dtype)
+
+
+def newton_schulz5(matrix: Tensor, steps: int, eps: float, dtype: torch.dtype, norm_in_dtype: bool,
+                   form: str) -> Tensor:
+    """Newton-Schulz of one matrix or a batch in ``form``."""
+    if form == "products":
+        return reference.newton_schulz5(matrix, steps, eps, dtype, norm_in_dtype)
+    if form == "gram":
+        return reference.newton_schulz5_gram_polynomial(matrix, steps, eps, dtype)
+    return newton_schulz5_fused_gram(matrix, steps, eps, dtype, norm_in_dtype)
+
+
+def check_ns_form(form: str, norm_in_dtype: bool) -> None:
+    """Raise a ValueError for an unknown form, or the gram form asked to normalise by the float32 norm."""
+    if form not in NS_FORMS:
+        raise ValueError(f"ns_form must be one of {NS_FORMS}, got {form!r}")
+    if form == "gram" and not norm_in_dtype:
+        raise ValueError("form='gram' normalises in dtype (the MARS-M authors' form): pass norm_in_dtype=True, "
+                         "or take form='fused_gram', which can normalise by the float32 norm")
 
 
 def assign_owners(shapes: list[torch.Size], world_size: int) -> list[int]:
@@ -29,40 +89,34 @@ def assign_owners(shapes: list[torch.Size], world_size: int) -> list[int]:
 def orthogonalise(matrices: list[Tensor], steps: int = 5, dtype: torch.dtype = torch.bfloat16,
                   process_group: dist.ProcessGroup | None = None, eps: float = 1e-7, *,
                   norm_in_dtype: bool = False, out_dtype: torch.dtype = torch.float32,
-                  gram_first: bool = False) -> list[Tensor]:
-    """Newton-Schulz of each matrix; same-shaped ones go through as one batch (fewer, larger products).
+                  form: str = "products", batch: bool = False) -> list[Tensor]:
+    """Newton-Schulz of each matrix, in ``form`` (``NS_FORMS``).
 
     ``dtype`` and ``norm_in_dtype`` are :func:`mars.reference.newton_schulz5`'s; the results come back in
-    ``out_dtype``. ``gram_first`` takes the MARS-M authors' product order instead
-    (:func:`mars.reference.newton_schulz5_gram_polynomial`, which always normalises in ``dtype``): the same
-    polynomial, rounded differently. With a ``process_group`` of several ranks, all holding the same ``matrices`` (DDP's
-    all-reduced gradients), each rank orthogonalises its share (:func:`assign_owners`) and an all-reduce of one
-    flat ``out_dtype`` buffer, zero outside each owner's slots, hands every rank all results exactly: the cost
-    per rank falls with the number of ranks instead of being repeated on each, and N ranks return what one
-    process does (a bfloat16 buffer, as the MARS authors' Muon sends, halves the traffic of a float32 one).
+    ``out_dtype``. ``batch`` stacks same-shaped matrices into one batch (fewer, larger products); off by
+    default because it measured slower than one matrix at a time on both an H100 and a CPU
+    (results/bench_newton_schulz_*.md). With a ``process_group`` of several ranks, all holding the same
+    ``matrices`` (DDP's all-reduced gradients), each rank orthogonalises its share (:func:`assign_owners`) and an
+    all-reduce of one flat ``out_dtype`` buffer, zero outside each owner's slots, hands every rank all results
+    exactly: the cost per rank falls with the number of ranks instead of being repeated on each, and N ranks
+    return what one process does (a bfloat16 buffer, as the MARS authors' Muon sends, halves the traffic of a
+    float32 one).
     """
+    check_ns_form(form, norm_in_dtype)
     world_size = dist.get_world_size(process_group) if process_group is not None else 1
     rank = dist.get_rank(process_group) if process_group is not None else 0
     owners = assign_owners([m.shape for m in matrices], world_size)
     results: list[Tensor | None] = [None] * len(matrices)
-    by_shape: dict[torch.Size, list[int]] = {}
-    for index, matrix in enumerate(matrices):
-        if owners[index] == rank:
-            by_shape.setdefault(matrix.shape, []).append(index)
-    if gram_first and not norm_in_dtype:
-        raise ValueError("gram_first=True normalises in dtype (the MARS-M authors' form): pass norm_in_dtype=True")
-
-    def newton_schulz(matrix: Tensor) -> Tensor:
-        if gram_first:
-            return reference.newton_schulz5_gram_polynomial(matrix, steps, eps, dtype)
-        return reference.newton_schulz5(matrix, steps, eps, dtype, norm_in_dtype)
-
-    for indices in by_shape.values():
+    mine = [index for index, owner in enumerate(owners) if owner == rank]
+    batches: dict[object, list[int]] = {}
+    for index in mine:
+        batches.setdefault(matrices[index].shape if batch else index, []).append(index)
+    for indices in batches.values():
         if len(indices) == 1:
-            results[indices[0]] = newton_schulz(matrices[indices[0]])
+            results[indices[0]] = newton_schulz5(matrices[indices[0]], steps, eps, dtype, norm_in_dtype, form)
         else:
-            batch = torch.stack([matrices[i] for i in indices])
-            for index, result in zip(indices, newton_schulz(batch)):
+            stacked = torch.stack([matrices[i] for i in indices])
+            for index, result in zip(indices, newton_schulz5(stacked, steps, eps, dtype, norm_in_dtype, form)):
                 results[index] = result
     if world_size == 1:
         return [result.to(out_dtype) for result in results]

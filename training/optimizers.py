@@ -71,7 +71,8 @@ def optimizer_class_and_arguments(cfg, device: torch.device = torch.device("cpu"
                           adamw_eps=cfg.adamw_eps, adamw_weight_decay=cfg.adamw_weight_decay,
                           ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device),
                           adamw_variant=cfg.adamw_variant,
-                          update_dtype=newton_schulz_dtype(cfg.update_dtype, key="update_dtype"))
+                          update_dtype=newton_schulz_dtype(cfg.update_dtype, key="update_dtype"),
+                          ns_form=cfg.ns_form)
     if cfg.name in ("mars-m", "moonlight"):
         from mars import MarsM, MarsMEfficient, Moonlight
 

@@ -167,7 +167,7 @@ def test_tensors_that_are_not_2d_take_the_authors_adamw_by_default():
 @pytest.mark.parametrize("nesterov", [True, False])
 def test_default_muon_steps_bit_for_bit_as_the_authors_muon_and_adamw(nesterov):
     # Their CombinedOptimizer (MARS/opt.py) gives the 2-D tensors to their Muon and the rest to their AdamW,
-    # each with its own lr (MARS/train_muon.py:216-217). Two (12, 4) matrices go through one batched Newton-Schulz.
+    # each with its own lr (MARS/train_muon.py:216-217).
     torch.manual_seed(12)
     shapes = [(12, 4), (12, 4), (4, 12), (8, 8), (9,), (4,)]
     lr, momentum, weight_decay = 0.02, 0.95, 0.05
@@ -197,6 +197,25 @@ def test_default_muon_steps_bit_for_bit_as_the_authors_muon_and_adamw(nesterov):
             theirs[i] = torch.add(theirs[i] * (1 - lr * weight_decay), update.float(), alpha=-lr)
     for param, their_param in zip(params, theirs):
         torch.testing.assert_close(param.detach(), their_param, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("ns_form", ["gram", "fused_gram"])
+def test_ns_form_orders_the_products_of_the_same_polynomial(ns_form):
+    # In float32 every order lands on the same update (to rounding); in bfloat16 the order is visible.
+    torch.manual_seed(14)
+    shapes, grads = [(16, 8), (8, 24), (6,)], {}
+    steps = {}
+    for form in ("products", ns_form):
+        for ns_dtype in (torch.float32, torch.bfloat16):
+            params = [torch.nn.Parameter(torch.zeros(shape)) for shape in shapes]
+            for param in params:
+                param.grad = grads.setdefault(param.shape, torch.randn(param.shape)).clone()
+            Muon(params, lr=1.0, ns_dtype=ns_dtype, ns_form=form).step()
+            steps[form, ns_dtype] = [param.detach().clone() for param in params]
+    for ours, authors in zip(steps[ns_form, torch.float32], steps["products", torch.float32]):
+        torch.testing.assert_close(ours, authors, rtol=2**-7, atol=1e-6)  # the bfloat16 update rounding
+    assert torch.equal(steps[ns_form, torch.bfloat16][2], steps["products", torch.bfloat16][2])  # AdamW's
+    assert not torch.equal(steps[ns_form, torch.bfloat16][0], steps["products", torch.bfloat16][0])
 
 
 def test_bfloat16_updates_are_the_float32_ones_rounded_to_bfloat16():
@@ -284,12 +303,12 @@ def test_a_state_dict_saved_before_the_authors_options_loads_with_their_defaults
     saved, grads = stepped_muon(**TORCH_FLOAT32)
     old_state_dict = copy.deepcopy(saved.state_dict())  # not sharing the state tensors that `saved` steps on
     for group in old_state_dict["param_groups"]:
-        del group["adamw_variant"], group["update_dtype"]
+        del group["adamw_variant"], group["update_dtype"], group["ns_form"]
     params = [torch.nn.Parameter(p.detach().clone()) for p in saved.param_groups[0]["params"]]
     resumed = Muon(params, lr=0.02, weight_decay=0.01)
     resumed.load_state_dict(old_state_dict)
     group = resumed.param_groups[0]
-    assert (group["adamw_variant"], group["update_dtype"]) == ("authors", torch.bfloat16)
+    assert (group["adamw_variant"], group["update_dtype"], group["ns_form"]) == ("authors", torch.bfloat16, "products")
 
     for group in saved.param_groups:
         group.update(adamw_variant="authors", update_dtype=torch.bfloat16)
@@ -299,9 +318,10 @@ def test_a_state_dict_saved_before_the_authors_options_loads_with_their_defaults
 def test_a_pickle_made_before_the_authors_options_unpickles_with_their_defaults():
     optimizer, grads = stepped_muon()
     for options in (optimizer.defaults, *optimizer.param_groups):
-        del options["adamw_variant"], options["update_dtype"]
+        del options["adamw_variant"], options["update_dtype"], options["ns_form"]
     restored = pickle.loads(pickle.dumps(optimizer))
-    assert (restored.defaults["adamw_variant"], restored.defaults["update_dtype"]) == ("authors", torch.bfloat16)
+    assert (restored.defaults["adamw_variant"], restored.defaults["update_dtype"], restored.defaults["ns_form"]) == (
+        "authors", torch.bfloat16, "products")
     group = restored.param_groups[0]
     assert (group["adamw_variant"], group["update_dtype"]) == ("authors", torch.bfloat16)
     assert restored.process_group is None
@@ -326,6 +346,8 @@ def test_a_pickle_made_before_the_authors_options_unpickles_with_their_defaults(
         (dict(adamw_variant="official"), "adamw_variant"),
         (dict(update_dtype=torch.float16), "update_dtype"),
         (dict(update_dtype="bfloat16"), "update_dtype"),
+        (dict(ns_form="fused"), "ns_form"),
+        (dict(ns_form="gram", update_dtype=torch.float32), "ns_form='gram'"),
     ],
 )
 def test_invalid_argument_raises_value_error_naming_it(kwargs, argument):

@@ -80,6 +80,9 @@ def test_muon_defaults_to_the_authors_variant_and_its_options_reach_the_optimize
                                                        "optimizer.update_dtype=float32"])
         group = build_optimizer(cfg.optimizer, tiny_model()).param_groups[0]
         assert (group["adamw_variant"], group["update_dtype"]) == ("torch", torch.float32)
+        assert group["ns_form"] == "products"
+        cfg = compose(config_name="config", overrides=["optimizer=muon", "optimizer.ns_form=fused_gram"])
+        assert build_optimizer(cfg.optimizer, tiny_model()).param_groups[0]["ns_form"] == "fused_gram"
         cfg = compose(config_name="config", overrides=["optimizer=muon", "optimizer.update_dtype=fp32"])
     with pytest.raises(ValueError, match="optimizer.update_dtype must be one of .*'fp32'"):
         build_optimizer(cfg.optimizer, tiny_model())
