@@ -196,6 +196,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
     seed_everything(t.seed)  # the same initial weights on every rank
     model_config = GPTConfig(**OmegaConf.to_container(cfg.model))
     model = GPT(model_config).to(device)
+    model.loss_chunk_size = t.loss_chunk_size
     if t.zero1 and not ctx.enabled:
         log.info("train.zero1=true has nothing to shard in a single process: using the plain optimizer")
     optimizer = build_optimizer(cfg.optimizer, model, zero1=t.zero1 and ctx.enabled)
@@ -237,6 +238,9 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
     if t.grad_multiplier != 1:
         log.info("the optimizer receives %g x the mean gradient (train.grad_multiplier), clipped at %g",
                  t.grad_multiplier, t.grad_clip)
+    if model.loss_chunk_size:
+        log.info("the loss and its gradients are computed %d tokens at a time (train.loss_chunk_size): the full "
+                 "logits are never held", model.loss_chunk_size)
 
     def evaluate(step: int) -> None:
         val_loss = estimate_val_loss(train_model, val_batches, t.eval_iters, autocast, ctx)

@@ -182,6 +182,9 @@ class TrainConfig:
     tf32: bool = False  # TF32 matmuls and cuDNN convolutions on CUDA, as the MARS authors' trainer (presets: true)
     dtype: Precision = Precision.auto
     compile: bool = False
+    # Tokens per chunk of the head's chunked cross-entropy (model/loss.py): the loss and its gradients are
+    # computed chunk by chunk and the full logits are never held. 0: the plain head and loss (the default).
+    loss_chunk_size: int = 0
     seed: int = 1337
     device: str = "auto"  # auto, cpu, cuda, cuda:N
     checkpoint_interval: int = 250
@@ -311,6 +314,8 @@ def validate(cfg) -> None:
     _require(t.hellaswag_interval >= 0, f"train.hellaswag_interval must be >= 0 (0: none), got {t.hellaswag_interval}")
     _require(t.hellaswag_items is None or t.hellaswag_items > 0,
              f"train.hellaswag_items must be positive or null (all), got {t.hellaswag_items}")
+    _require(t.loss_chunk_size >= 0, f"train.loss_chunk_size must be >= 0 tokens (0: the plain loss), got "
+             f"{t.loss_chunk_size}")
     _require(t.max_skipped_steps >= 0, f"train.max_skipped_steps must be >= 0, got {t.max_skipped_steps}")
     _require(t.grad_clip >= 0.0, f"train.grad_clip must be >= 0 (0 disables it), got {t.grad_clip}")
     _require(t.grad_multiplier > 0.0, f"train.grad_multiplier must be positive (1: the mean gradient), got "

@@ -6,6 +6,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from model.loss import linear_cross_entropy
+
 ACTIVATIONS = {"gelu": "none", "gelu_tanh": "tanh"}  # name -> nn.GELU's `approximate`
 
 
@@ -126,6 +128,9 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        # Tokens per chunk of the head's chunked cross-entropy (model/loss.py) when forward gets targets; 0: the
+        # plain head. A setting of the run (train.loss_chunk_size), not of the model: checkpoints do not record it.
+        self.loss_chunk_size = 0
         self.apply(self._init_weights)
         # GPT-2 scales the residual projections by 1/sqrt(2 * n_layer): two residual additions per block.
         for name, param in self.named_parameters():
@@ -142,6 +147,12 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx, targets=None):
+        """(logits, loss) of token ids ``idx`` (batch, seq); ``loss`` is the mean cross-entropy against ``targets``.
+
+        Without ``targets`` the loss is None. With ``targets`` and ``loss_chunk_size`` > 0 the logits are never
+        materialised (``linear_cross_entropy``) and the first element is None: callers that need logits call
+        without targets.
+        """
         seq = idx.size(1)
         if seq > self.config.block_size:
             raise ValueError(f"sequence of length {seq} exceeds the model's block_size {self.config.block_size}")
@@ -149,7 +160,10 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
+        x = self.transformer.ln_f(x)
+        if targets is not None and self.loss_chunk_size:
+            return None, linear_cross_entropy(x, self.lm_head.weight, targets, self.loss_chunk_size)
+        logits = self.lm_head(x)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))

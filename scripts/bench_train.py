@@ -5,11 +5,14 @@
 
 Each optimizer trains the same model (the configs in configs/model/ and configs/optimizer/, built as train.py
 builds them) on the embedded corpus' batches for ``--warmup`` untimed then ``--steps`` timed steps of one
-micro-batch. Steps are timed phase by phase, each phase closed by a device synchronisation: data (the loader's
-batch on the device), forward, backward, look-ahead (exact MARS's second gradient, when configured), clip (the
-gradient norm), optimizer. Syncing between phases costs a little overlap on a GPU; the total is also timed
-without the inner syncs (``step ms``), and tokens/s and MFU come from that. Writes a markdown table and JSON to
-``results/bench_train_<device>.{md,json}``; compare rows of one run (ratios), not runs of different days.
+micro-batch, once per ``--loss-chunk-sizes`` entry (``train.loss_chunk_size``: 0 is the plain head and loss,
+N > 0 the chunked linear cross-entropy of model/loss.py, N tokens at a time; ``--optimizers AdamW
+--loss-chunk-sizes 0 4096`` times the two losses side by side). Steps are timed phase by phase, each phase closed
+by a device synchronisation: data (the loader's batch on the device), forward, backward, look-ahead (exact
+MARS's second gradient, when configured), clip (the gradient norm), optimizer. Syncing between phases costs a
+little overlap on a GPU; the total is also timed without the inner syncs (``step ms``), and tokens/s and MFU
+come from that. Writes a markdown table and JSON to ``results/bench_train_<device>.{md,json}``; compare rows of
+one run (ratios), not runs of different days.
 """
 import argparse
 import datetime
@@ -65,12 +68,17 @@ class Stopwatch:
         return result, 1000.0 * (time.perf_counter() - start)
 
 
-def bench_optimizer(label: str, args, device: torch.device) -> dict:
-    muon = [f"optimizer.ns_dtype={args.ns_dtype}"] if label == "Muon" else []
-    cfg = compose_config(args.model, OPTIMIZERS[label] + muon + args.override)
+def row_label(optimizer: str, loss_chunk_size: int) -> str:
+    return optimizer if loss_chunk_size == 0 else f"{optimizer}, loss in chunks of {loss_chunk_size}"
+
+
+def bench_optimizer(optimizer_label: str, loss_chunk_size: int, args, device: torch.device) -> dict:
+    muon = [f"optimizer.ns_dtype={args.ns_dtype}"] if optimizer_label == "Muon" else []
+    cfg = compose_config(args.model, OPTIMIZERS[optimizer_label] + muon + args.override)
     torch.manual_seed(0)
     model_config = GPTConfig(**OmegaConf.to_container(cfg.model))
     model = GPT(model_config).to(device)
+    model.loss_chunk_size = loss_chunk_size  # as train.py sets train.loss_chunk_size
     optimizer = build_optimizer(cfg.optimizer, model)
     train_model = torch.compile(model) if args.compile else model
     dtype = resolve_dtype(Precision(args.dtype), device)
@@ -118,7 +126,8 @@ def bench_optimizer(label: str, args, device: torch.device) -> dict:
     tokens_per_s = args.batch_size * args.block_size / (step_ms / 1000)
     flops = peak_flops(device)
     return {
-        "label": label, "step_ms": step_ms, "tokens_per_s": tokens_per_s,
+        "label": row_label(optimizer_label, loss_chunk_size), "optimizer": optimizer_label,
+        "loss_chunk_size": loss_chunk_size, "step_ms": step_ms, "tokens_per_s": tokens_per_s,
         "mfu": tokens_per_s * model_config.flops_per_token(args.block_size) / flops if flops else None,
         "phase_ms": {phase: statistics.median(ms) for phase, ms in phases.items()},
         "peak_memory_gib": (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
@@ -149,8 +158,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--dtype", choices=[p.value for p in Precision], default="auto")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model, as train.compile=true")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per optimizer (median reported)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per row (median reported)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, state)")
+    parser.add_argument("--loss-chunk-sizes", nargs="+", type=int, default=[0], metavar="N",
+                        help="a row per optimizer and size: 0 the plain loss, N > 0 the chunked loss of N tokens "
+                             "a chunk (train.loss_chunk_size)")
     parser.add_argument("--ns-dtype", choices=("bfloat16", "float32"), default="bfloat16",
                         help="Muon's Newton-Schulz dtype (float32: ~10x faster on CPUs without bfloat16 units)")
     parser.add_argument("--override", nargs="*", default=[], help="config overrides for every optimizer's run")
@@ -158,17 +170,21 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
+    if min(args.loss_chunk_sizes) < 0:
+        parser.error("--loss-chunk-sizes must be >= 0 (0: the plain loss)")
     device = torch.device(args.device)
     rows = []
-    for label in args.optimizers:
-        rows.append(bench_optimizer(label, args, device))
-        print(f"{label}: {rows[-1]['step_ms']:.1f} ms/step", file=sys.stderr)
+    for optimizer_label in args.optimizers:
+        for loss_chunk_size in args.loss_chunk_sizes:
+            rows.append(bench_optimizer(optimizer_label, loss_chunk_size, args, device))
+            print(f"{rows[-1]['label']}: {rows[-1]['step_ms']:.1f} ms/step", file=sys.stderr)
     table = markdown_table(rows, device)
     command = "python -m scripts.bench_train " + shlex.join(argv if argv is not None else sys.argv[1:])
     record = {"command": command, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "device": device_name(device), "torch": torch.__version__, "model": args.model,
               "batch_size": args.batch_size, "block_size": args.block_size, "dtype": args.dtype,
-              "compile": args.compile, "steps": args.steps, "warmup": args.warmup, "rows": rows}
+              "compile": args.compile, "loss_chunk_sizes": args.loss_chunk_sizes, "steps": args.steps,
+              "warmup": args.warmup, "rows": rows}
     header = (f"# Training step per optimizer, {args.model}, {args.batch_size} x {args.block_size} tokens\n\n"
               f"{record['device']}, torch {torch.__version__}, {record['date']}\n\n`{command}`\n\n")
     print(header + table)

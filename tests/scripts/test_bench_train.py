@@ -19,3 +19,14 @@ def test_writes_a_row_per_optimizer_with_its_phases(tmp_path):
         assert row["mfu"] is None  # no peak FLOP/s is known for a CPU
     table = (tmp_path / "bench_train_cpu.md").read_text()
     assert "| AdamW | " in table and "| MARS-AdamW exact | " in table and "bench_train --device cpu" in table
+
+
+def test_loss_chunk_sizes_add_a_row_per_size_beside_the_plain_loss(tmp_path):
+    bench_train.main(["--device", "cpu", "--model", "tiny", "--batch-size", "2", "--block-size", "16",
+                      "--steps", "1", "--warmup", "0", "--optimizers", "AdamW", "--loss-chunk-sizes", "0", "12",
+                      "--output-dir", str(tmp_path)])
+    record = json.loads((tmp_path / "bench_train_cpu.json").read_text())
+    assert [(row["label"], row["loss_chunk_size"]) for row in record["rows"]] == [
+        ("AdamW", 0), ("AdamW, loss in chunks of 12", 12)]
+    assert record["loss_chunk_sizes"] == [0, 12]
+    assert "| AdamW, loss in chunks of 12 | " in (tmp_path / "bench_train_cpu.md").read_text()
