@@ -13,6 +13,7 @@ from pathlib import Path
 
 import hydra
 import torch
+import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
@@ -40,8 +41,9 @@ register_configs()
 
 
 def accumulate_gradients(model, batches: TokenBatches, step: int, grad_accum_steps: int, autocast,
-                         grad_multiplier: float = 1.0) -> float:
-    """Forward and backward over this rank's micro-batches of ``step``; returns their mean loss.
+                         grad_multiplier: float = 1.0) -> torch.Tensor:
+    """Forward and backward over this rank's micro-batches of ``step``; returns their mean loss (a float64 scalar
+    on the device, left there so that the step reads it in its one host sync: ``read_step_scalars``).
 
     The gradients add up to ``grad_multiplier`` x the mean gradient over the global batch (DDP averages the
     ranks' gradients), whatever the split into ranks and micro-batches. Under DDP the gradients are all-reduced
@@ -57,12 +59,27 @@ def accumulate_gradients(model, batches: TokenBatches, step: int, grad_accum_ste
                 _, loss = model(x, y)
             (loss * (grad_multiplier / grad_accum_steps)).backward()
         total += loss.detach()
-    return total.item() / grad_accum_steps
+    return total.double() / grad_accum_steps
 
 
-def clip_gradients(model, max_norm: float) -> float:
-    """Clip to ``max_norm`` (0 disables clipping) and return the pre-clip global gradient norm."""
-    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else math.inf).item()
+def clip_gradients(model, max_norm: float) -> torch.Tensor:
+    """Clip to ``max_norm`` (0 disables clipping) and return the pre-clip global gradient norm (on the device)."""
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else math.inf)
+
+
+def read_step_scalars(loss: torch.Tensor, grad_norm: torch.Tensor, lookahead_norm: torch.Tensor, preempted: bool,
+                      ctx: DistributedContext) -> tuple[float, float, float, bool]:
+    """The step's loss (mean over ranks), gradient norms and whether any rank got a termination signal.
+
+    One all-reduce and one host sync for them all, instead of one each: the GPU's queue drains only once a step.
+    The norms are those of the all-reduced gradients, the same on every rank, so every rank decides alike.
+    """
+    summed = torch.stack([loss, loss.new_full((), float(preempted))])
+    if ctx.enabled:
+        dist.all_reduce(summed)
+    loss_sum, preempting_ranks, grad_norm, lookahead_norm = torch.cat(
+        [summed, torch.stack([grad_norm, lookahead_norm]).double()]).tolist()
+    return loss_sum / ctx.world_size, grad_norm, lookahead_norm, preempting_ranks > 0
 
 
 @torch.no_grad()
@@ -284,7 +301,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
     for step in range(start_step, t.max_iters):
         step_start = time.perf_counter()
         lr = apply_schedule(optimizer, step, schedule, cfg.optimizer)
-        lookahead_norm = 0.0
+        lookahead_norm = torch.zeros((), device=device)
         if needs_lookahead:
             # Exact MARS: the gradient at the current parameters on the next step's batch becomes the
             # remembered gradient that the next step corrects against.
@@ -293,15 +310,14 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
             lookahead_norm = clip_gradients(model, t.grad_clip)
             local_optimizer(optimizer).stash_lookahead_grad()
             optimizer.zero_grad(set_to_none=True)
-        # The mean over ranks: what is logged, and a NaN/inf on any rank reaches all of them.
-        train_loss = sum_across_ranks(
-            accumulate_gradients(train_model, train_batches, step, t.grad_accum_steps, autocast, t.grad_multiplier),
-            ctx,
-        ) / ctx.world_size
+        train_loss = accumulate_gradients(train_model, train_batches, step, t.grad_accum_steps, autocast,
+                                          t.grad_multiplier)
         grad_norm = clip_gradients(model, t.grad_clip)
+        # The loss is the mean over ranks: what is logged, and a NaN/inf on any rank reaches all of them. Read
+        # every step (the step's one host sync) so that a divergence names the exact step it happened at.
+        train_loss, grad_norm, lookahead_norm, preempted = read_step_scalars(
+            train_loss, grad_norm, lookahead_norm, preemption.received, ctx)
         window_clipped += t.grad_clip > 0 and grad_norm > t.grad_clip
-        # Checked every step (one host sync) so that a divergence names the exact step it happened at. The
-        # gradient norm and the loss are the same on every rank, so every rank decides alike.
         if guard.allows_update(step + 1, train_loss, grad_norm, checkpoint_path, lookahead_norm):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -310,13 +326,18 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
         if step == start_step:  # optimizer state exists from the first step on
             per_rank = ", ".join(f"{b / 2**20:.1f}" for b in all_gather_objects(state_bytes(optimizer), ctx))
             log.info("optimizer state per rank (MiB): %s", per_rank)
-        if device.type == "cuda":
+        logging_now = done % t.log_interval == 0 or done == t.max_iters
+        evaluating = done % t.eval_interval == 0 or done == t.max_iters
+        scoring_hellaswag = bool(hellaswag_items) and (done % t.hellaswag_interval == 0 or done == t.max_iters)
+        checkpointing = done % t.checkpoint_interval == 0 or done == t.max_iters or preempted
+        if device.type == "cuda" and (logging_now or evaluating or scoring_hellaswag or checkpointing):
+            # Only training steps count towards throughput: before anything else starts, this step's queued
+            # work (its optimizer step) must be done. Between plain steps the GPU is left to run ahead.
             torch.cuda.synchronize()
-        # Only training steps count towards throughput: evaluation and checkpointing are left out.
         window_seconds += time.perf_counter() - step_start
         window_steps += 1
 
-        if done % t.log_interval == 0 or done == t.max_iters:
+        if logging_now:
             tokens_per_s = window_steps * tokens_per_step / window_seconds
             record = {"step": done, "tokens": tokens_seen, "lr": lr,
                       "train/loss": train_loss,
@@ -333,12 +354,11 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
                 record["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
             metrics.log(record)
             window_seconds, window_steps, window_clipped = 0.0, 0, 0
-        if done % t.eval_interval == 0 or done == t.max_iters:
+        if evaluating:
             evaluate(done)
-        if hellaswag_items and (done % t.hellaswag_interval == 0 or done == t.max_iters):
+        if scoring_hellaswag:
             evaluate_hellaswag(done)
-        preempted = preemption.received(ctx)
-        if done % t.checkpoint_interval == 0 or done == t.max_iters or preempted:
+        if checkpointing:
             checkpoint_path = checkpoint(done)
         if preempted:
             log.warning("stopping after step %d on a termination signal; %s holds the run's state: resume it "

@@ -85,11 +85,6 @@ def sum_across_ranks(value: float, ctx: DistributedContext) -> float:
     return tensor.item()
 
 
-def any_rank(flag: bool, ctx: DistributedContext) -> bool:
-    """True on every rank if ``flag`` is true on any rank, so that all ranks take the same branch."""
-    return sum_across_ranks(float(flag), ctx) > 0
-
-
 def all_gather_objects(obj, ctx: DistributedContext) -> list:
     """Every rank's ``obj``, in rank order (a list of one without a process group)."""
     if not ctx.enabled:

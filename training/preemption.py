@@ -6,8 +6,6 @@ so that no more than the current step is lost.
 import logging
 import signal
 
-from training.distributed import DistributedContext, any_rank
-
 log = logging.getLogger(__name__)
 
 
@@ -21,6 +19,8 @@ class PreemptionSignal:
         log.warning("received %s: finishing this step, then checkpointing and stopping", signal.Signals(signum).name)
         self._received = True
 
-    def received(self, ctx: DistributedContext) -> bool:
-        """Whether any rank got the signal (agreed on by all ranks, which all checkpoint and stop together)."""
-        return any_rank(self._received, ctx)
+    @property
+    def received(self) -> bool:
+        """Whether this process got the signal; the ranks agree on it in each step's all-reduce
+        (``train.read_step_scalars``), and all checkpoint and stop together."""
+        return self._received

@@ -34,6 +34,21 @@ def run_script(script, *args):
                           capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
+def test_one_read_per_step_gives_every_rank_the_mean_loss_the_norms_and_any_ranks_stop_signal():
+    result = run_script("step_scalars.py")
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+
+
+def test_a_single_process_reads_its_own_step_scalars():
+    from train import read_step_scalars
+    from training.distributed import DistributedContext
+
+    loss, norms = torch.tensor(2.5, dtype=torch.float64), (torch.tensor(float("nan")), torch.tensor(0.0))
+    assert read_step_scalars(loss, *norms, True, DistributedContext())[::3] == (2.5, True)
+    assert read_step_scalars(loss, *norms, False, DistributedContext())[3] is False
+    assert str(read_step_scalars(loss, *norms, False, DistributedContext())[1]) == "nan"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["mars-adamw", "adamw", "muon", "mars-m", "moonlight"])
 def test_two_gloo_ranks_train_like_one_process_with_doubled_accumulation(tmp_path, optimizer):
