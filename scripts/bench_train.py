@@ -43,6 +43,7 @@ OPTIMIZERS = {  # label: overrides of configs/
     "MARS-AdamW exact": ["optimizer=mars-adamw", "optimizer.is_approx=false"],
     "MARS-Lion": ["optimizer=mars-lion"],
     "Muon": ["optimizer=muon"],
+    "Muon fused_gram": ["optimizer=muon", "optimizer.ns_form=fused_gram"],  # mars/newton_schulz.py NS_FORMS
 }
 PHASES = ("data", "forward", "backward", "look-ahead", "clip", "optimizer")
 BASELINE = "AdamW"
@@ -73,7 +74,7 @@ def row_label(optimizer: str, loss_chunk_size: int) -> str:
 
 
 def bench_optimizer(optimizer_label: str, loss_chunk_size: int, args, device: torch.device) -> dict:
-    muon = [f"optimizer.ns_dtype={args.ns_dtype}"] if optimizer_label == "Muon" else []
+    muon = [f"optimizer.ns_dtype={args.ns_dtype}"] if optimizer_label.startswith("Muon") else []
     cfg = compose_config(args.model, OPTIMIZERS[optimizer_label] + muon + args.override)
     torch.manual_seed(0)
     model_config = GPTConfig(**OmegaConf.to_container(cfg.model))
