@@ -355,30 +355,20 @@ class MARS(Float32StateOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        # Checked before any update so that an error leaves every parameter and its state untouched.
-        if any(p.grad is not None and p.grad.is_sparse for group in self.param_groups for p in group["params"]):
-            raise RuntimeError("MARS does not support sparse gradients; use dense gradients (e.g. sparse=False)")
-        for group in self.param_groups:
-            self._step_group(group)
+        # Every group is sorted before any update, so that an error (a sparse gradient) leaves every parameter and
+        # its state untouched.
+        sorted_groups = [(group, _sort_by_rule(group)) for group in self.param_groups]
+        for group, (backend_mars, shampoo_2d, adamw) in sorted_groups:
+            self._step_group(group, backend_mars, shampoo_2d, adamw)
         if self.needs_lookahead_grad:
             self.update_last_grad()
             self._lookahead_stashed = False
         return loss
 
-    def _step_group(self, group: dict[str, Any]) -> None:
-        """Sort the group's tensors by update rule and device, then run each batch through its backend."""
-        mars_type, optimize_1d, amsgrad = group["mars_type"], group["optimize_1d"], group["amsgrad"]
-        backend_mars, shampoo_2d, adamw = [], [], []
-        for param in group["params"]:
-            if param.grad is None:
-                continue
-            if not reference.uses_mars_rule(param, optimize_1d):
-                adamw.append(param)
-            elif mars_type == "mars-shampoo" and param.dim() == 2:
-                shampoo_2d.append(param)
-            else:
-                backend_mars.append(param)
-
+    def _step_group(self, group: dict[str, Any], backend_mars: list[Tensor], shampoo_2d: list[Tensor],
+                    adamw: list[Tensor]) -> None:
+        """Run the group's tensors, sorted by :func:`_sort_by_rule`, through their backends by device."""
+        mars_type, amsgrad = group["mars_type"], group["amsgrad"]
         # mars-shampoo's tensors that are not 2-D take the AdamW-style MARS rule, as in the official code.
         backend_mars_type = "mars-adamw" if mars_type == "mars-shampoo" else mars_type
         beta1, beta2 = group["betas"]
@@ -396,29 +386,34 @@ class MARS(Float32StateOptimizer):
 
         beta1_1d, beta2_1d = group["betas_1d"]
         for device, params in _by_device(adamw):
+            states = self._states(params)
             self._backend_for(device).adamw_group_step(
-                params, [p.grad for p in params], self._buffers(params, "exp_avg"),
-                self._buffers(params, "exp_avg_sq"), self._buffers(params, "max_exp_avg_sq", needed=amsgrad),
-                steps=self._advance_steps(params), lr=group["lr"] * group["lr_1d_ratio"], beta1=beta1_1d,
+                params, [p.grad for p in params],
+                state_buffers(params, states, "exp_avg"), state_buffers(params, states, "exp_avg_sq"),
+                state_buffers(params, states, "max_exp_avg_sq", needed=amsgrad),
+                steps=advance_steps(states), lr=group["lr"] * group["lr_1d_ratio"], beta1=beta1_1d,
                 beta2=beta2_1d, eps=group["eps"], weight_decay=group["weight_decay_1d"], amsgrad=amsgrad,
             )
 
     def _run_mars(self, backend: Any, params: list[Tensor], *, mars_type: str, amsgrad: bool, **hyper) -> None:
         """Run the MARS rule of ``backend`` on ``params``, creating missing state first."""
         has_second_moment = mars_type != "mars-lion"
+        states = self._states(params)
         backend.mars_group_step(
-            params, [p.grad for p in params], self._buffers(params, "last_grad"), self._buffers(params, "exp_avg"),
-            self._buffers(params, "exp_avg_sq", needed=has_second_moment),
-            self._buffers(params, "max_exp_avg_sq", needed=amsgrad and has_second_moment),
-            steps=self._advance_steps(params), mars_type=mars_type, amsgrad=amsgrad and has_second_moment,
+            params, [p.grad for p in params],
+            state_buffers(params, states, "last_grad"), state_buffers(params, states, "exp_avg"),
+            state_buffers(params, states, "exp_avg_sq", needed=has_second_moment),
+            state_buffers(params, states, "max_exp_avg_sq", needed=amsgrad and has_second_moment),
+            steps=advance_steps(states), mars_type=mars_type, amsgrad=amsgrad and has_second_moment,
             **hyper,
         )
 
     def _run_shampoo_2d(self, params: list[Tensor], *, lr: float, beta1: float, eps: float, weight_decay: float,
                         gamma: float, remember_grad: bool, ns_dtype: torch.dtype, **_) -> None:
         """mars-shampoo on 2-D tensors, as :func:`mars.reference.mars_step`, Newton-Schulz on them all at once."""
-        last_grads, exp_avgs = self._buffers(params, "last_grad"), self._buffers(params, "exp_avg")
-        self._advance_steps(params)
+        states = self._states(params)
+        last_grads, exp_avgs = state_buffers(params, states, "last_grad"), state_buffers(params, states, "exp_avg")
+        advance_steps(states)
         directions = []
         for param, last_grad, exp_avg in zip(params, last_grads, exp_avgs):
             c_t = reference.corrected_gradient(param.grad, last_grad, gamma, beta1)
@@ -432,22 +427,10 @@ class MARS(Float32StateOptimizer):
             scale = max(1.0, param.size(0) / param.size(1)) ** 0.5
             reference.apply_update(param, update.mul_(scale), lr, weight_decay)
 
-    def _buffers(self, params: list[Tensor], key: str, needed: bool = True) -> list[Tensor] | None:
-        """Each parameter's float32 state buffer ``key`` (zeros when new), or None when the rule has no use for it."""
-        if not needed:
-            return None
-        for param in params:
-            state = self.state[param]
-            if key not in state:
-                state[key] = float32_zeros_like(param)
-        return [self.state[param][key] for param in params]
-
-    def _advance_steps(self, params: list[Tensor]) -> list[int]:
-        """Increment and return each tensor's own step counter."""
-        for param in params:
-            state = self.state[param]
-            state["step"] = state.get("step", 0) + 1
-        return [self.state[p]["step"] for p in params]
+    def _states(self, params: list[Tensor]) -> list[dict[str, Any]]:
+        """Each parameter's state dict, to look up once per step and pass on: a lookup hashes the tensor in
+        Python (``Tensor.__hash__``), too slow to repeat for every buffer of every parameter."""
+        return [self.state[param] for param in params]
 
     def _backend_for(self, device: torch.device) -> ModuleType | SimpleNamespace:
         """The backend module for tensors on ``device``; never falls back silently to other math."""
@@ -462,6 +445,45 @@ class MARS(Float32StateOptimizer):
                 "environment variable TRITON_INTERPRET=1 (slow, for tests). Use backend='torch' on the CPU."
             )
         return importlib.import_module(f"mars.{name}_backend")
+
+
+def _sort_by_rule(group: dict[str, Any]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """The group's parameters with a gradient by update rule: the backends' MARS rule, mars-shampoo's 2-D rule,
+    AdamW. Raises on a sparse gradient."""
+    optimize_1d, shampoo = group["optimize_1d"], group["mars_type"] == "mars-shampoo"
+    backend_mars, shampoo_2d, adamw = [], [], []
+    for param in group["params"]:
+        grad = param.grad
+        if grad is None:
+            continue
+        if grad.is_sparse:
+            raise RuntimeError("MARS does not support sparse gradients; use dense gradients (e.g. sparse=False)")
+        if not reference.uses_mars_rule(param, optimize_1d):
+            adamw.append(param)
+        elif shampoo and param.dim() == 2:
+            shampoo_2d.append(param)
+        else:
+            backend_mars.append(param)
+    return backend_mars, shampoo_2d, adamw
+
+
+def state_buffers(params: list[Tensor], states: list[dict[str, Any]], key: str,
+                  needed: bool = True) -> list[Tensor] | None:
+    """Each parameter's float32 state buffer ``key`` (zeros when new), or None when the rule has no use for it."""
+    if not needed:
+        return None
+    for param, state in zip(params, states):
+        if key not in state:
+            state[key] = float32_zeros_like(param)
+    return [state[key] for state in states]
+
+
+def advance_steps(states: list[dict[str, Any]]) -> list[int]:
+    """Increment and return each tensor's own step counter."""
+    for state in states:
+        state["step"] = state.get("step", 0) + 1
+    return [state["step"] for state in states]
+
 
 def _by_device(params: list[Tensor]) -> Iterable[tuple[torch.device, list[Tensor]]]:
     """Parameters grouped by device, since each backend call takes tensors on one device."""

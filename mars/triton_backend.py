@@ -7,7 +7,8 @@ The step is bandwidth bound, so the design counts bytes and launches, not flops:
   two small device tables, both cached on the host because the optimizer hands over the same tensors every
   step: a *block layout* (each tensor's length; each block's tensor and index within it), keyed by the
   lengths, and a *pointer table* (one int64 row of data pointers per role: param, grad, last_grad, ...),
-  keyed by the pointers. Kernels cast a loaded pointer with ``.to(tl.pointer_type(dtype))``.
+  keyed by the pointers. Kernels cast a loaded pointer with ``.to(tl.pointer_type(dtype))``. The checks
+  before launch are rerun only when something they read can have changed (:func:`_checked_launch_groups`).
 * **Clip norm without materialising c_t.** MARS needs ||c_t||_2 per tensor before any element can be
   updated, so a step takes three launches: per-block sums of squares of c_t, a per-tensor reduction of
   those partial sums into the clip divisor max(||c_t||, 1), and the fused update. The reduction is
@@ -25,7 +26,10 @@ dtypes and step, making a single group.
 """
 import functools
 import math
+import operator
+import weakref
 from dataclasses import dataclass
+from itertools import chain, repeat
 
 import torch
 from torch import Tensor
@@ -48,7 +52,7 @@ NUM_WARPS = 4
 MARS_TYPES = ("mars-adamw", "mars-lion")
 PARAM_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 # Rows of the pointer table, in this order.
-ROLES = ("param", "grad", "last_grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+ROLES = ("params", "grads", "last_grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 # Pointers that are multiples of 16 bytes and lengths that are multiples of 16 elements let the compiler use
 # 16-byte vector loads and stores; the kernels state it with tl.multiple_of(..., 16) when the host checked it.
 VECTOR_ALIGNMENT = 16
@@ -202,8 +206,9 @@ def _block_layout(device: torch.device, block_size: int, numels: tuple[int, ...]
 
 
 @functools.lru_cache(maxsize=64)
-def _pointer_table(device: torch.device, pointers: tuple[tuple[int, ...], ...]) -> dict[str, Tensor]:
-    """Role -> int64 device tensor of the data pointers (0 where a role is absent), one row of ``ROLES`` each.
+def _pointer_table(device: torch.device, pointers: tuple[tuple[int, ...], ...]) -> tuple[dict[str, Tensor], bool]:
+    """Role -> int64 device tensor of the data pointers (0 where a role is absent), one row of ``ROLES`` each,
+    and whether every pointer is a multiple of ``VECTOR_ALIGNMENT`` bytes.
 
     Cached by the pointers themselves, so an entry is right for any tensors at these addresses. Gradients
     reallocated at new addresses (``zero_grad(set_to_none=True)``) cost a rebuild, which copies from pinned
@@ -211,13 +216,8 @@ def _pointer_table(device: torch.device, pointers: tuple[tuple[int, ...], ...]) 
     """
     table = torch.tensor(pointers, dtype=torch.int64, pin_memory=device.type == "cuda")
     table = table.to(device, non_blocking=True)
-    return dict(zip(ROLES, table))
-
-
-def _is_vector_aligned(pointers: tuple[tuple[int, ...], ...], numels: tuple[int, ...]) -> bool:
-    return all(pointer % VECTOR_ALIGNMENT == 0 for row in pointers for pointer in row) and all(
-        numel % VECTOR_ALIGNMENT == 0 for numel in numels
-    )
+    aligned = all(pointer % VECTOR_ALIGNMENT == 0 for row in pointers for pointer in row)
+    return dict(zip(ROLES, table)), aligned
 
 
 # Triton decides at kernel definition (this module's import) whether TRITON_INTERPRET=1 runs them on the CPU.
@@ -245,43 +245,149 @@ def _check_device(device: torch.device) -> None:
         raise RuntimeError(f"mars.triton_backend runs on CUDA tensors (or CPU under the interpreter), got {device}")
 
 
-def _check_inputs(params: list[Tensor], grads: list[Tensor], state: dict[str, list[Tensor]], steps: list[int]) -> None:
-    """Raise on any input the kernels would misread: they see raw pointers, so nothing is converted for them."""
+def _check_lengths(params: list[Tensor], grads: list[Tensor], state: dict[str, list[Tensor]], steps: list[int]) -> None:
+    """Raise unless every list has one entry per param."""
     for name, values in (("grads", grads), ("steps", steps), *state.items()):
         if values is None or len(values) != len(params):
             raise ValueError(f"{name} must have one entry per param ({len(params)}), got "
                              f"{'None' if values is None else len(values)}")
-    device = params[0].device
-    _check_device(device)
-    for i, (param, grad) in enumerate(zip(params, grads)):
-        if param.dtype not in PARAM_DTYPES:
-            raise TypeError(f"params[{i}] has dtype {param.dtype}; supported: {list(PARAM_DTYPES)}")
-        if grad.dtype not in (param.dtype, torch.float32):
-            raise TypeError(f"grads[{i}] has dtype {grad.dtype}; it must be its param's dtype ({param.dtype}) "
+
+
+def _check_steps(steps: list[int]) -> None:
+    """Raise unless every step counts from 1: the bias corrections divide by 1 - beta**step."""
+    if min(steps) < 1:
+        i = steps.index(min(steps))
+        raise ValueError(f"steps[{i}] is {steps[i]}; steps count from 1 (increment before the update)")
+
+
+TensorMetadata = tuple[torch.Size, torch.dtype, torch.device]
+# What the checks read of a tensor, with its contiguity; the launches need nothing else of it but its address.
+_SHAPE_DTYPE_DEVICE = operator.attrgetter("shape", "dtype", "device")
+
+
+def _metadata(tensors: list[Tensor]) -> tuple[tuple[TensorMetadata, ...], tuple[bool, ...]]:
+    """What the checks read of each tensor: (shape, dtype, device), and whether it is contiguous."""
+    return tuple(map(_SHAPE_DTYPE_DEVICE, tensors)), tuple(map(Tensor.is_contiguous, tensors))
+
+
+def _check_metadata(metadata: dict[str, tuple[tuple[TensorMetadata, ...], tuple[bool, ...]]], block_size: int) -> None:
+    """Raise on any input the kernels would misread: they see raw pointers, so nothing is converted for them.
+
+    ``metadata`` holds :func:`_metadata` of each list: params, grads, then the state roles.
+    """
+    (params, _), (grads, _) = metadata["params"], metadata["grads"]
+    device = params[0][2]
+    for i, ((shape, param_dtype, _), (_, grad_dtype, _)) in enumerate(zip(params, grads)):
+        if param_dtype not in PARAM_DTYPES:
+            raise TypeError(f"params[{i}] has dtype {param_dtype}; supported: {list(PARAM_DTYPES)}")
+        if grad_dtype not in (param_dtype, torch.float32):
+            raise TypeError(f"grads[{i}] has dtype {grad_dtype}; it must be its param's dtype ({param_dtype}) "
                             f"or float32")
-        for name, tensor in (("params", param), ("grads", grad), *((role, state[role][i]) for role in state)):
-            if tensor.device != device:
-                raise ValueError(f"{name}[{i}] is on {tensor.device}, params[0] on {device}: use one device")
-            if tensor.shape != param.shape:
-                raise ValueError(f"{name}[{i}] has shape {tuple(tensor.shape)}, its param {tuple(param.shape)}")
-            if not tensor.is_contiguous():
+        for name, (tensors, contiguous) in metadata.items():
+            tensor_shape, dtype, tensor_device = tensors[i]
+            if tensor_device != device:
+                raise ValueError(f"{name}[{i}] is on {tensor_device}, params[0] on {device}: use one device")
+            if tensor_shape != shape:
+                raise ValueError(f"{name}[{i}] has shape {tuple(tensor_shape)}, its param {tuple(shape)}")
+            if not contiguous[i]:
                 raise ValueError(f"{name}[{i}] is not contiguous: the kernels walk raw memory; pass .contiguous()")
-        for role in state:
-            if state[role][i].dtype != torch.float32:
-                raise TypeError(f"{role}[{i}] has dtype {state[role][i].dtype}; optimizer state must be float32")
-        if param.numel() > 2**31 - BLOCK_SIZE:
-            raise ValueError(f"params[{i}] has {param.numel()} elements; the kernels index elements with int32, "
+            if name not in ("params", "grads") and dtype != torch.float32:
+                raise TypeError(f"{name}[{i}] has dtype {dtype}; optimizer state must be float32")
+        if shape.numel() > 2**31 - block_size:
+            raise ValueError(f"params[{i}] has {shape.numel()} elements; the kernels index elements with int32, "
                              f"so at most 2**31 - BLOCK_SIZE")
-        if steps[i] < 1:
-            raise ValueError(f"steps[{i}] is {steps[i]}; steps count from 1 (increment before the update)")
 
 
-def _fused_step(
-    params: list[Tensor],
-    grads: list[Tensor],
-    state: dict[str, list[Tensor]],
+@dataclass(frozen=True)
+class _LaunchGroup:
+    """Tensors of a call that one launch per kernel steps: they share parameter dtype, gradient dtype and step."""
+
+    indices: tuple[int, ...]  # positions in the call's lists, ascending
+    param_dtype: torch.dtype
+    grad_dtype: torch.dtype
+    layout: _BlockLayout
+    aligned_numels: bool  # every length a multiple of VECTOR_ALIGNMENT
+
+
+def _launch_groups(metadata: dict[str, tuple[tuple[TensorMetadata, ...], tuple[bool, ...]]],
+                   step_offsets: tuple[int, ...], block_size: int) -> tuple[_LaunchGroup, ...]:
+    """Check a call's inputs (:func:`_check_metadata`) and split them into launch groups.
+
+    ``step_offsets`` holds each tensor's step minus the first tensor's. Groups of only zero-element tensors are
+    left out: they have nothing to launch.
+    """
+    _check_metadata(metadata, block_size)
+    (params, _), (grads, _) = metadata["params"], metadata["grads"]
+    members: dict[tuple[torch.dtype, torch.dtype, int], list[int]] = {}
+    for i, ((_, param_dtype, _), (_, grad_dtype, _), step_offset) in enumerate(zip(params, grads, step_offsets)):
+        members.setdefault((param_dtype, grad_dtype, step_offset), []).append(i)
+    groups = []
+    for (param_dtype, grad_dtype, _), indices in members.items():
+        numels = tuple(params[i][0].numel() for i in indices)
+        layout = _block_layout(params[0][2], block_size, numels)
+        if layout.num_blocks > 0:
+            aligned_numels = all(numel % VECTOR_ALIGNMENT == 0 for numel in numels)
+            groups.append(_LaunchGroup(tuple(indices), param_dtype, grad_dtype, layout, aligned_numels))
+    return tuple(groups)
+
+
+@dataclass(frozen=True)
+class _CheckedCall:
+    """A call whose inputs passed the checks, and its launch groups (see :func:`_checked_launch_groups`)."""
+
+    state: tuple[weakref.ref, ...]  # its state tensors, every role's in turn
+    params_and_grads: tuple  # (_metadata(params), _metadata(grads))
+    step_offsets: tuple[int, ...]
+    block_size: int
+    groups: tuple[_LaunchGroup, ...]
+
+
+# Recent calls that passed the checks, by their state tensors' roles and addresses: one per batch of an
+# optimizer's tensors, two in MARS's exact scheme (whose last_grad buffers trade places every step).
+_checked_calls: dict[tuple, _CheckedCall] = {}
+_MAX_CHECKED_CALLS = 64
+
+
+def _checked_launch_groups(tensors: dict[str, list[Tensor]], pointers: dict[str, tuple[int, ...]],
+                           step_offsets: tuple[int, ...]) -> tuple[_LaunchGroup, ...]:
+    """:func:`_launch_groups` of a call's ``tensors`` (params, grads, then the state roles), rerun only when
+    something the checks read can have changed since a call that passed them. What proves it unchanged:
+
+    * params and grads: their shapes, dtypes, devices and contiguity, read every call. Gradients are new
+      tensors every step, and a parameter can change in place (``param.data = x``) keeping its identity, its
+      address and its version counter (``p.data = p.data.t()``): nothing cheaper would prove them unchanged.
+    * state tensors: the same objects (held by weak reference, so that a new tensor reusing an id is not taken
+      for the old one) at the same addresses. The optimizer's state is replaced (``load_state_dict``,
+      ``state[p][key] = x``), moved (``.data = x.to(device)``: a new address), never reshaped or retyped where
+      it lies, so the same object at the same address still reads as it was checked. A state tensor changed
+      in place at its address (``.t_()``, ``.data =`` a view of itself) is the one change not rechecked.
+    * which tensors share a step, and the block size.
+    """
+    state_names = tuple(tensors)[2:]
+    state = tuple(chain.from_iterable(tensors[name] for name in state_names))
+    key = (state_names, tuple(chain.from_iterable(pointers[name] for name in state_names)))
+    params_and_grads = (_metadata(tensors["params"]), _metadata(tensors["grads"]))
+    checked = _checked_calls.get(key)
+    if (checked is not None and checked.params_and_grads == params_and_grads
+            and checked.step_offsets == step_offsets and checked.block_size == BLOCK_SIZE
+            and all(map(operator.is_, map(operator.call, checked.state), state))):
+        return checked.groups
+    metadata = dict(zip(("params", "grads"), params_and_grads))
+    metadata.update((name, _metadata(tensors[name])) for name in state_names)
+    groups = _launch_groups(metadata, step_offsets, BLOCK_SIZE)
+    if len(_checked_calls) >= _MAX_CHECKED_CALLS:
+        del _checked_calls[next(iter(_checked_calls))]
+    _checked_calls[key] = _CheckedCall(tuple(map(weakref.ref, state)), params_and_grads, step_offsets, BLOCK_SIZE,
+                                       groups)
+    return groups
+
+
+def _launch(
+    group: _LaunchGroup,
+    pointer_table: dict[str, Tensor],
     *,
-    steps: list[int],
+    aligned: bool,
+    step: int,
     lr: float,
     beta1: float,
     beta2: float,
@@ -292,48 +398,65 @@ def _fused_step(
     amsgrad: bool,
     remember_grad: bool,
 ) -> None:
-    """Launch the kernels once per (param dtype, grad dtype, step) group; ``gamma=None`` means plain AdamW."""
-    if not params:
-        return
-    _check_inputs(params, grads, state, steps)
-    groups: dict[tuple[torch.dtype, torch.dtype, int], list[int]] = {}
-    for i, (param, grad, step) in enumerate(zip(params, grads, steps)):
-        groups.setdefault((param.dtype, grad.dtype, step), []).append(i)
-
-    device = params[0].device
-    role_tensors = {"param": params, "grad": grads, **state}
+    """The launches of one group: norm pass, clip divisors and update for MARS, the update alone for AdamW."""
+    layout = group.layout
+    blocks = layout.numels, layout.block_tensor, layout.block_in_tensor
     mars_correction = gamma is not None
     correction_scale = gamma * (beta1 / (1.0 - beta1)) if mars_correction else 0.0
-    for (param_dtype, grad_dtype, step), indices in groups.items():
-        numels = tuple(params[i].numel() for i in indices)
-        layout = _block_layout(device, BLOCK_SIZE, numels)
-        if layout.num_blocks == 0:
-            continue
-        pointers = tuple(
-            tuple(role_tensors[role][i].data_ptr() for i in indices) if role in role_tensors else (0,) * len(indices)
-            for role in ROLES
+    if mars_correction:
+        _corrected_gradient_sum_of_squares_kernel[(layout.num_blocks,)](
+            pointer_table["grads"], pointer_table["last_grad"], *blocks, layout.partial_sums, correction_scale,
+            GRAD_DTYPE=PARAM_DTYPES[group.grad_dtype], ALIGNED=aligned, BLOCK_SIZE=BLOCK_SIZE,
+            num_warps=NUM_WARPS, enable_fp_fusion=False,
         )
-        pointer_table = _pointer_table(device, pointers)
-        aligned = _is_vector_aligned(pointers, numels)
-        blocks = layout.numels, layout.block_tensor, layout.block_in_tensor
-        if mars_correction:
-            _corrected_gradient_sum_of_squares_kernel[(layout.num_blocks,)](
-                pointer_table["grad"], pointer_table["last_grad"], *blocks, layout.partial_sums, correction_scale,
-                GRAD_DTYPE=PARAM_DTYPES[grad_dtype], ALIGNED=aligned, BLOCK_SIZE=BLOCK_SIZE,
-                num_warps=NUM_WARPS, enable_fp_fusion=False,
-            )
-            _clip_divisor_kernel[(layout.num_tensors,)](
-                layout.partial_sums, layout.first_block, layout.clip_divisors, REDUCE_BLOCK_SIZE=REDUCE_BLOCK_SIZE,
-                num_warps=NUM_WARPS, enable_fp_fusion=False,
-            )
-        _fused_step_kernel[(layout.num_blocks,)](
-            *(pointer_table[role] for role in ROLES), *blocks, layout.clip_divisors,
-            lr, beta1, beta2, 1.0 - beta1, 1.0 - beta2, eps, weight_decay, correction_scale,
-            1.0 - beta1**step, 1.0 / math.sqrt(1.0 - beta2**step),
-            PARAM_DTYPE=PARAM_DTYPES[param_dtype], GRAD_DTYPE=PARAM_DTYPES[grad_dtype],
-            MARS_CORRECTION=mars_correction, LION=lion, AMSGRAD=amsgrad, REMEMBER_GRAD=remember_grad,
-            ALIGNED=aligned, BLOCK_SIZE=BLOCK_SIZE, num_warps=NUM_WARPS, enable_fp_fusion=False,
+        _clip_divisor_kernel[(layout.num_tensors,)](
+            layout.partial_sums, layout.first_block, layout.clip_divisors, REDUCE_BLOCK_SIZE=REDUCE_BLOCK_SIZE,
+            num_warps=NUM_WARPS, enable_fp_fusion=False,
         )
+    _fused_step_kernel[(layout.num_blocks,)](
+        *(pointer_table[role] for role in ROLES), *blocks, layout.clip_divisors,
+        lr, beta1, beta2, 1.0 - beta1, 1.0 - beta2, eps, weight_decay, correction_scale,
+        1.0 - beta1**step, 1.0 / math.sqrt(1.0 - beta2**step),
+        PARAM_DTYPE=PARAM_DTYPES[group.param_dtype], GRAD_DTYPE=PARAM_DTYPES[group.grad_dtype],
+        MARS_CORRECTION=mars_correction, LION=lion, AMSGRAD=amsgrad, REMEMBER_GRAD=remember_grad,
+        ALIGNED=aligned, BLOCK_SIZE=BLOCK_SIZE, num_warps=NUM_WARPS, enable_fp_fusion=False,
+    )
+
+
+def _fused_step(
+    params: list[Tensor],
+    grads: list[Tensor],
+    state: dict[str, list[Tensor]],
+    *,
+    steps: list[int],
+    **hyperparameters,
+) -> None:
+    """Launch the kernels once per (param dtype, grad dtype, step) group; ``gamma=None`` means plain AdamW.
+
+    ``hyperparameters`` are :func:`_launch`'s. The inputs are checked (:func:`_checked_launch_groups`) before
+    anything is launched.
+    """
+    if not params:
+        return
+    _check_lengths(params, grads, state, steps)
+    _check_steps(steps)
+    device = params[0].device
+    _check_device(device)  # every call: it also depends on the current CUDA device and on the interpreter
+    tensors = {"params": params, "grads": grads, **state}
+    pointers = {name: tuple(map(Tensor.data_ptr, values)) for name, values in tensors.items()}
+    groups = _checked_launch_groups(tensors, pointers, tuple(map(operator.sub, steps, repeat(steps[0]))))
+    for group in groups:
+        rows = tuple(
+            _at(pointers[role], group.indices) if role in pointers else (0,) * len(group.indices) for role in ROLES
+        )
+        pointer_table, aligned_pointers = _pointer_table(device, rows)
+        _launch(group, pointer_table, aligned=aligned_pointers and group.aligned_numels,
+                step=steps[group.indices[0]], **hyperparameters)
+
+
+def _at(values: tuple[int, ...], indices: tuple[int, ...]) -> tuple[int, ...]:
+    """``values`` at ascending distinct ``indices``: all of them when there are as many indices as values."""
+    return values if len(indices) == len(values) else tuple(values[i] for i in indices)
 
 
 @torch.no_grad()

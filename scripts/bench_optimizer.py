@@ -1,23 +1,37 @@
 """Time one optimizer step on the GPT-2 parameter set: MARS per backend beside torch's AdamW.
 
     python -m scripts.bench_optimizer --device cpu --reps 7 --model-size small      (from the repository root)
+    python -m scripts.bench_optimizer --triton-host-overhead --reps 200             (MARS.step vs its kernels)
 
 Every optimizer steps the same parameters and the same (random, never zero) gradients. Steps are interleaved
 across optimizers so that drifts in machine load hit them all alike, and each gets warm-up steps first (state
 allocation). Reports the median and the minimum (the least disturbed step on a shared machine) per optimizer,
 with ratios to ``torch.optim.AdamW(foreach=True)``, as a markdown table, and writes it with the run's metadata
 to ``results/bench_optimizer_<device>.{md,json}``.
+
+``--triton-host-overhead`` times instead what ``MARS.step()`` with the Triton backend adds to its kernels
+(GPT-2's 2-D tensors take the MARS kernels, the others AdamW's): the kernels alone are the launches one step
+makes, recorded and replayed without the optimizer's gathering and checking. On CUDA both are timed with CUDA
+events from an idle GPU, so host work before the first launch shows. On the CPU the kernels are replaced by
+no-ops (``TRITON_INTERPRET=1`` imports the backend), so the table is the host's work alone. Also timed: steps
+with new gradient tensors (as ``zero_grad()`` and a backward pass leave them), and steps whose backend has
+forgotten its checked calls (the input checks and launch groups redone every step, as before they were cached).
+Writes ``results/bench_optimizer_overhead_<device>.{md,json}``.
 """
 import argparse
+import contextlib
 import datetime
+import importlib
 import json
+import os
 import platform
 import shlex
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -120,42 +134,152 @@ def markdown_table(times: dict[str, list[float]]) -> str:
     return "\n".join(lines)
 
 
+KERNELS = "kernels alone"
+TRITON_KERNELS = ("_corrected_gradient_sum_of_squares_kernel", "_clip_divisor_kernel", "_fused_step_kernel")
+
+
+class _NoLaunch:
+    """Stands in for a Triton kernel: ``kernel[grid](...)`` does nothing, leaving only the host's work to time."""
+
+    def __getitem__(self, grid) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+@contextlib.contextmanager
+def kernels_replaced_by_no_ops(triton_backend: ModuleType) -> Iterator[None]:
+    """The backend's Triton kernels replaced by :class:`_NoLaunch` for the duration."""
+    saved = {name: getattr(triton_backend, name) for name in TRITON_KERNELS}
+    for name in TRITON_KERNELS:
+        setattr(triton_backend, name, _NoLaunch())
+    try:
+        yield
+    finally:
+        for name, kernel in saved.items():
+            setattr(triton_backend, name, kernel)
+
+
+def recorded_launches(optimizer: torch.optim.Optimizer, triton_backend: ModuleType) -> Callable[[], None]:
+    """The kernel launches of one ``optimizer.step()``, replayable without the step's host-side work."""
+    launch, launches = triton_backend._launch, []
+
+    def recording_launch(*args, **kwargs) -> None:
+        launches.append((args, kwargs))
+        launch(*args, **kwargs)
+
+    triton_backend._launch = recording_launch
+    try:
+        optimizer.step()
+    finally:
+        triton_backend._launch = launch
+    return lambda: [launch(*args, **kwargs) for args, kwargs in launches]
+
+
+def triton_host_overhead(device: torch.device, model_size: str, reps: int, warmup: int) -> dict[str, list[float]]:
+    """Milliseconds per call of ``MARS.step()`` (Triton backend), in variants, and of its kernels alone."""
+    if device.type == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the backend, and so its kernels, is imported
+    triton_backend = importlib.import_module("mars.triton_backend")
+    torch.manual_seed(0)
+    params = make_params(gpt2_shapes(model_size), device)
+    optimizer = MARS(params, lr=3e-3, weight_decay=0.1, backend="triton")
+
+    def new_grad_tensors() -> None:
+        # New tensors at the same addresses with the same metadata, as zero_grad() and a backward pass usually
+        # leave them (the caching allocator hands the same blocks back).
+        for param in params:
+            param.grad = param.grad.detach()
+
+    with kernels_replaced_by_no_ops(triton_backend) if device.type == "cpu" else contextlib.nullcontext():
+        for _ in range(warmup):
+            optimizer.step()
+        variants = {  # label: (untimed preparation, timed call)
+            "MARS.step": (lambda: None, optimizer.step),
+            "MARS.step, new gradient tensors": (new_grad_tensors, optimizer.step),
+            "MARS.step, checks rerun every step": (triton_backend._checked_calls.clear, optimizer.step),
+            KERNELS: (lambda: None, recorded_launches(optimizer, triton_backend)),
+        }
+        timer = make_timer(device)
+        times = {label: [] for label in variants}
+        for _ in range(reps):
+            for label, (prepare, call) in variants.items():
+                prepare()
+                times[label].append(timer(call))
+    return times
+
+
+def ratios_to(times: dict[str, list[float]], baseline: str) -> dict[str, float]:
+    """Each label's median over the baseline's."""
+    medians = {label: statistics.median(ms) for label, ms in times.items()}
+    return {label: ms / medians[baseline] for label, ms in medians.items()}
+
+
+def overhead_table(times: dict[str, list[float]], device: torch.device) -> str:
+    """Median and minimum per call; on CUDA also their ratios to the kernels alone (on the CPU those are no-ops)."""
+    medians = {label: statistics.median(ms) for label, ms in times.items()}
+    minimums = {label: min(ms) for label, ms in times.items()}
+    if device.type == "cpu":
+        lines = ["| call | median us | min us |", "|---|---:|---:|"]
+        lines += [f"| {label} | {1000 * medians[label]:.1f} | {1000 * minimums[label]:.1f} |" for label in times]
+        return "\n".join(lines)
+    lines = [f"| call | median ms | vs {KERNELS} | min ms | vs {KERNELS}, min |", "|---|---:|---:|---:|---:|"]
+    for label in times:
+        lines.append(f"| {label} | {medians[label]:.3f} | {medians[label] / medians[KERNELS]:.2f}x "
+                     f"| {minimums[label]:.3f} | {minimums[label] / minimums[KERNELS]:.2f}x |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--reps", type=int, default=7, help="timed steps per optimizer (median reported)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per optimizer first")
     parser.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="small")
+    parser.add_argument("--triton-host-overhead", action="store_true",
+                        help="time MARS.step (Triton backend) against its kernels alone instead (see above)")
     parser.add_argument("--output-dir", type=Path, default=Path("results"))
     args = parser.parse_args()
     if args.reps < 1:
         parser.error("--reps must be >= 1")
 
     device = torch.device(args.device)
-    times = run(device, args.model_size, args.reps, args.warmup)
-    medians = {label: statistics.median(ms) for label, ms in times.items()}
-    table = markdown_table(times)
+    num_params = sum(torch.Size(shape).numel() for shape in gpt2_shapes(args.model_size))
+    if args.triton_host_overhead:
+        times = triton_host_overhead(device, args.model_size, args.reps, args.warmup)
+        stem, table = f"bench_optimizer_overhead_{device.type}", overhead_table(times, device)
+        title = f"MARS.step (Triton backend) beside its kernels alone, GPT-2 {args.model_size}"
+        versions = {"torch": torch.__version__, "triton": importlib.import_module("triton").__version__}
+        if device.type == "cpu":
+            title += ", kernels replaced by no-ops: the host's work alone"
+            ratios = {}  # to no-op kernels: meaningless
+        else:
+            ratios = {"ratio_vs_kernels_alone": ratios_to(times, KERNELS)}
+    else:
+        times = run(device, args.model_size, args.reps, args.warmup)
+        stem, table = f"bench_optimizer_{device.type}", markdown_table(times)
+        title = f"One optimizer step, GPT-2 {args.model_size}"
+        versions = {"torch": torch.__version__}
+        ratios = {"ratio_vs_adamw_foreach": ratios_to(times, BASELINE)}
     command = "python -m scripts.bench_optimizer " + shlex.join(sys.argv[1:])
     record = {
         "command": command,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": device_name(device),
-        "torch": torch.__version__,
+        **versions,
         "model_size": args.model_size,
-        "num_params": sum(torch.Size(shape).numel() for shape in gpt2_shapes(args.model_size)),
+        "num_params": num_params,
         "reps": args.reps,
         "warmup": args.warmup,
-        "median_ms": medians,
-        "ratio_vs_adamw_foreach": {label: ms / medians[BASELINE] for label, ms in medians.items()},
+        "median_ms": {label: statistics.median(ms) for label, ms in times.items()},
+        **ratios,
         "min_ms": {label: min(ms) for label, ms in times.items()},
         "all_ms": times,
     }
-    header = (f"# One optimizer step, GPT-2 {args.model_size} ({record['num_params'] / 1e6:.1f}M params)\n\n"
-              f"{record['device']}, torch {record['torch']}, {record['date']}\n\n`{command}`\n\n")
+    software = ", ".join(f"{name} {version}" for name, version in versions.items())
+    header = (f"# {title} ({num_params / 1e6:.1f}M params)\n\n"
+              f"{record['device']}, {software}, {record['date']}\n\n`{command}`\n\n")
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.output_dir / f"bench_optimizer_{device.type}"
-    stem.with_suffix(".md").write_text(header + table + "\n")
-    stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    (args.output_dir / f"{stem}.md").write_text(header + table + "\n")
+    (args.output_dir / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
     print(table)
 
 

@@ -152,6 +152,114 @@ def test_backend_follows_reference_trajectory_for_bfloat16_params_with_float32_s
                            optimize_1d=False)
 
 
+# The Triton backend checks its inputs again only when something the checks read can have changed (see
+# mars.triton_backend._checked_launch_groups). Each test below changes something between steps of the same
+# optimizer and holds the Triton backend to the reference or to its checks; the kernels' own tests cover the rest.
+
+def triton_and_reference(run):
+    """``run(backend)``'s parameters with the Triton backend, checked against the reference backend's."""
+    for actual, expected in zip(run("triton"), run("reference")):
+        torch.testing.assert_close(actual.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
+
+
+def seeded_grads(params, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(param.shape, generator=generator) for param in params]
+
+
+@needs_triton
+@pytest.mark.triton_interpreter
+def test_triton_with_set_to_none_grads_at_new_addresses_follows_the_reference():
+    def run(backend):
+        params = [torch.nn.Parameter(torch.ones(5, 4)), torch.nn.Parameter(torch.ones(6))]
+        optimizer = MARS(params, backend=backend, **KWARGS)
+        all_grads = []  # kept alive, so that each step's gradients are new tensors at new addresses
+        for step in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            for param, grad in zip(params, seeded_grads(params, step)):
+                param.grad = grad
+            all_grads.append([param.grad for param in params])
+            optimizer.step()
+        return params
+
+    triton_and_reference(run)
+
+
+@needs_triton
+@pytest.mark.triton_interpreter
+def test_triton_steps_a_param_group_added_after_checked_steps_as_the_reference():
+    def run(backend):
+        first, added = [torch.nn.Parameter(torch.ones(5, 4))], [torch.nn.Parameter(torch.ones(3, 6))]
+        optimizer = MARS(first, backend=backend, **KWARGS)
+        for step in range(4):
+            if step == 2:
+                optimizer.add_param_group({"params": added, "lr": 1e-2})
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            for param, grad in zip(params, seeded_grads(params, step)):
+                param.grad = grad
+            optimizer.step()
+        assert [optimizer.state[p]["step"] for p in first + added] == [4, 2]
+        return first + added
+
+    triton_and_reference(run)
+
+
+def saved_state_dict(shapes, backend="reference", lagging=None):
+    """The state_dict, as bytes, of an optimizer after three steps on ``shapes``; param ``lagging`` missed the
+    second step's gradient, so that its step count is behind."""
+    params = [torch.nn.Parameter(torch.ones(shape)) for shape in shapes]
+    optimizer = MARS(params, backend=backend, **KWARGS)
+    for step in range(3):
+        for i, (param, grad) in enumerate(zip(params, seeded_grads(params, step))):
+            param.grad = None if (i, step) == (lagging, 1) else grad
+        optimizer.step()
+    buffer = io.BytesIO()
+    torch.save(optimizer.state_dict(), buffer)
+    return buffer.getvalue()
+
+
+def stepped_optimizer(shapes, backend, steps):
+    """An optimizer on ones-initialised parameters of ``shapes`` after ``steps`` steps, and its parameters."""
+    params = [torch.nn.Parameter(torch.ones(shape)) for shape in shapes]
+    optimizer = MARS(params, backend=backend, **KWARGS)
+    for step in range(steps):
+        for param, grad in zip(params, seeded_grads(params, 10 + step)):
+            param.grad = grad
+        optimizer.step()
+    return optimizer, params
+
+
+@needs_triton
+@pytest.mark.triton_interpreter
+def test_triton_step_after_load_state_dict_equals_a_fresh_optimizer_loaded_the_same_way():
+    # The loaded tensors are at different steps, the optimizer's own were not: they must be checked and grouped
+    # afresh.
+    shapes = [(5, 4), (3, 6)]
+    saved = saved_state_dict(shapes, lagging=1)
+
+    def run(backend):
+        optimizer, params = stepped_optimizer(shapes, backend, steps=2 if backend == "triton" else 0)
+        optimizer.load_state_dict(torch.load(io.BytesIO(saved), weights_only=True))
+        for param, grad in zip(params, seeded_grads(params, 20)):
+            param.data.fill_(0.5)
+            param.grad = grad
+        optimizer.step()
+        assert [optimizer.state[p]["step"] for p in params] == [4, 3]
+        return params
+
+    triton_and_reference(run)
+
+
+@needs_triton
+@pytest.mark.triton_interpreter
+def test_triton_refuses_a_loaded_state_that_does_not_fit_its_params_after_checked_steps():
+    # As many elements, another shape: the state of a model whose weight is stored transposed.
+    optimizer, _ = stepped_optimizer([(5, 4)], "triton", steps=2)
+    optimizer.load_state_dict(torch.load(io.BytesIO(saved_state_dict([(4, 5)])), weights_only=True))
+    with pytest.raises(ValueError, match="has shape \\(4, 5\\), its param \\(5, 4\\)"):
+        optimizer.step()
+
+
 def shampoo_trajectory(backend, ns_dtype, shapes, steps=5):
     torch.manual_seed(11)
     params = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]

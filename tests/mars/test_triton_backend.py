@@ -106,19 +106,29 @@ def share_low_precision_params(actual: OptimizerTensors, expected: OptimizerTens
             want.copy_(got)
 
 
-def run_mars_steps(shapes, param_dtypes, grad_dtypes, first_steps, *, mars_type, amsgrad, remember_grad) -> None:
-    """NUM_STEPS calls of mars_group_step against per-tensor reference.mars_step, compared after every step."""
+def consecutive_steps(first_steps) -> list[list[int]]:
+    """The steps of NUM_STEPS calls, each tensor counting up from its first step."""
+    return [[first_step + offset for first_step in first_steps] for offset in range(NUM_STEPS)]
+
+
+def run_mars_steps(shapes, param_dtypes, grad_dtypes, steps_per_call, *, mars_type, amsgrad, remember_grad,
+                   before_call=lambda call: None) -> None:
+    """Calls of mars_group_step, one per entry of ``steps_per_call``, against per-tensor reference.mars_step,
+    compared after every call. ``before_call(call)`` runs before each."""
     generator = torch.Generator().manual_seed(0)
     state = random_tensors(shapes, param_dtypes, generator, second_moment=mars_type == "mars-adamw",
                            amsgrad=amsgrad)
     expected = state.clone()
-    for offset in range(NUM_STEPS):
-        steps = [first_step + offset for first_step in first_steps]
+    # Every call's gradients stay alive, so that each call brings its gradients at new addresses.
+    all_grads = []
+    for call, steps in enumerate(steps_per_call):
         grads = random_grads(shapes, grad_dtypes, generator)
+        all_grads.append(grads)
         grads_before = [grad.clone() for grad in grads]
         norms = unclipped_corrected_gradient_norms(grads, expected.last_grads)
         assert min(norms) < 1.0 < max(norms), "inputs must exercise both branches of the clip"
 
+        before_call(call)
         triton_backend.mars_group_step(
             state.params, grads, state.last_grads, state.exp_avgs, state.exp_avg_sqs, state.max_exp_avg_sqs,
             steps=steps, gamma=GAMMA, mars_type=mars_type, amsgrad=amsgrad, remember_grad=remember_grad,
@@ -143,14 +153,14 @@ def run_mars_steps(shapes, param_dtypes, grad_dtypes, first_steps, *, mars_type,
 @pytest.mark.parametrize("mars_type, amsgrad", [("mars-adamw", False), ("mars-adamw", True), ("mars-lion", False)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_mars_group_step_matches_reference_per_tensor(dtype, mars_type, amsgrad, remember_grad):
-    run_mars_steps(SHAPES, [dtype] * len(SHAPES), [dtype] * len(SHAPES), [1] * len(SHAPES),
+    run_mars_steps(SHAPES, [dtype] * len(SHAPES), [dtype] * len(SHAPES), consecutive_steps([1] * len(SHAPES)),
                    mars_type=mars_type, amsgrad=amsgrad, remember_grad=remember_grad)
 
 
 def test_mixed_dtypes_and_steps_in_one_call_match_reference():
     param_dtypes = [torch.float32, torch.bfloat16, torch.bfloat16, torch.float16, torch.float32, torch.bfloat16]
     grad_dtypes = [torch.float32, torch.bfloat16, torch.float32, torch.float16, torch.float32, torch.float32]
-    run_mars_steps(SHAPES, param_dtypes, grad_dtypes, [4, 4, 1, 4, 2, 1],
+    run_mars_steps(SHAPES, param_dtypes, grad_dtypes, consecutive_steps([4, 4, 1, 4, 2, 1]),
                    mars_type="mars-adamw", amsgrad=True, remember_grad=True)
 
 
@@ -158,14 +168,33 @@ def test_norm_reduction_over_many_blocks_matches_reference(monkeypatch):
     # Small blocks give each tensor many partial sums, and the per-tensor reduction several iterations.
     monkeypatch.setattr(triton_backend, "BLOCK_SIZE", 128)
     monkeypatch.setattr(triton_backend, "REDUCE_BLOCK_SIZE", 4)
-    run_mars_steps(SHAPES, [torch.float32] * len(SHAPES), [torch.float32] * len(SHAPES), [1] * len(SHAPES),
-                   mars_type="mars-adamw", amsgrad=False, remember_grad=True)
+    run_mars_steps(SHAPES, [torch.float32] * len(SHAPES), [torch.float32] * len(SHAPES),
+                   consecutive_steps([1] * len(SHAPES)), mars_type="mars-adamw", amsgrad=False, remember_grad=True)
 
 
 def test_aligned_tensors_take_the_vectorised_path_and_match_reference():
     shapes = [(64,), (16,), (48, 32), (2048,)]  # lengths multiples of 16, as in GPT-2
-    run_mars_steps(shapes, [torch.bfloat16] * len(shapes), [torch.bfloat16] * len(shapes), [1] * len(shapes),
+    run_mars_steps(shapes, [torch.bfloat16] * len(shapes), [torch.bfloat16] * len(shapes),
+                   consecutive_steps([1] * len(shapes)), mars_type="mars-adamw", amsgrad=False, remember_grad=True)
+
+
+def test_steps_that_diverge_after_checked_calls_match_reference():
+    # Calls with every tensor at one step, then tensors at different steps (a parameter that missed a gradient
+    # lags behind): the launch groups, one per step, must follow.
+    steps_per_call = [[1] * len(SHAPES), [2] * len(SHAPES), [3, 2, 3, 3, 2, 3]]
+    run_mars_steps(SHAPES, [torch.float32] * len(SHAPES), [torch.float32] * len(SHAPES), steps_per_call,
                    mars_type="mars-adamw", amsgrad=False, remember_grad=True)
+
+
+def test_a_block_size_changed_after_checked_calls_matches_reference(monkeypatch):
+    # scripts/bench_triton_kernel.py retunes it between calls on the same tensors.
+    def smaller_blocks_from_the_second_call(call):
+        if call == 1:
+            monkeypatch.setattr(triton_backend, "BLOCK_SIZE", 128)
+
+    run_mars_steps(SHAPES, [torch.float32] * len(SHAPES), [torch.float32] * len(SHAPES),
+                   consecutive_steps([1] * len(SHAPES)), mars_type="mars-adamw", amsgrad=False, remember_grad=True,
+                   before_call=smaller_blocks_from_the_second_call)
 
 
 @pytest.mark.parametrize("amsgrad", [False, True], ids=["adam", "amsgrad"])
@@ -207,8 +236,8 @@ def test_only_zero_element_tensors_are_a_no_op():
 
 def test_zero_element_tensors_among_others_are_skipped():
     shapes = [(129,), (0,), (7,)]
-    run_mars_steps(shapes, [torch.float32] * len(shapes), [torch.float32] * len(shapes), [1] * len(shapes),
-                   mars_type="mars-adamw", amsgrad=False, remember_grad=True)
+    run_mars_steps(shapes, [torch.float32] * len(shapes), [torch.float32] * len(shapes),
+                   consecutive_steps([1] * len(shapes)), mars_type="mars-adamw", amsgrad=False, remember_grad=True)
 
 
 def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
@@ -239,4 +268,64 @@ def test_bad_inputs_are_refused_before_launch(replace, error, match):
     arguments = {name: [square(0.5)] for name in ("params", "grads", "last_grads", "exp_avgs", "exp_avg_sqs")}
     arguments.update(replace)
     with pytest.raises(error, match=match):
+        mars_adamw_call(**arguments)
+
+
+# The checks run again only when something they read can have changed (triton_backend._checked_launch_groups):
+# each test below changes one such thing after calls that passed them.
+
+
+def checked_arguments():
+    """mars_adamw_call's arguments, with which two calls have passed the checks."""
+    arguments = {name: [square(0.5)] for name in ("params", "grads", "last_grads", "exp_avgs", "exp_avg_sqs")}
+    for _ in range(2):
+        mars_adamw_call(**arguments)
+    return arguments
+
+
+def test_a_non_contiguous_grad_after_checked_calls_is_refused():
+    arguments = checked_arguments()
+    arguments["grads"] = [arguments["grads"][0].t()]  # a new tensor at the same address
+    with pytest.raises(ValueError, match="grads\\[0\\] is not contiguous"):
+        mars_adamw_call(**arguments)
+
+
+def test_a_param_transposed_in_place_after_checked_calls_is_refused():
+    # Its identity, address and version counter stay the same: only its metadata tells the change apart.
+    arguments = checked_arguments()
+    param = arguments["params"][0]
+    address, version = param.data_ptr(), param._version
+    param.data = param.data.t()
+    assert (param.data_ptr(), param._version) == (address, version)
+    with pytest.raises(ValueError, match="params\\[0\\] is not contiguous"):
+        mars_adamw_call(**arguments)
+
+
+@pytest.mark.parametrize(
+    "new_data, error, match",
+    [
+        (torch.full((25,), 0.5, device=DEVICE), ValueError, "grads\\[0\\] has shape \\(5, 5\\), its param"),
+        (square(0.5, dtype=torch.float64), TypeError, "params\\[0\\] has dtype torch.float64"),
+    ],
+    ids=["other_shape", "other_dtype"],
+)
+def test_a_param_given_other_data_after_checked_calls_is_checked_again(new_data, error, match):
+    arguments = checked_arguments()
+    arguments["params"][0].data = new_data
+    with pytest.raises(error, match=match):
+        mars_adamw_call(**arguments)
+
+
+def test_a_state_tensor_replaced_at_the_same_address_is_checked_again():
+    arguments = checked_arguments()
+    arguments["exp_avgs"] = [arguments["exp_avgs"][0].t()]  # a new tensor at the same address
+    with pytest.raises(ValueError, match="exp_avg\\[0\\] is not contiguous"):
+        mars_adamw_call(**arguments)
+
+
+def test_a_state_tensor_moved_in_place_is_checked_again():
+    arguments = checked_arguments()
+    exp_avg = arguments["exp_avgs"][0]
+    exp_avg.data = exp_avg.data.to(torch.bfloat16)  # the same tensor at a new address
+    with pytest.raises(TypeError, match="exp_avg\\[0\\] has dtype torch.bfloat16"):
         mars_adamw_call(**arguments)
