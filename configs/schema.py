@@ -91,6 +91,7 @@ class MarsConfig(OptimizerConfig):
     # mars-shampoo's Newton-Schulz: auto (the official bfloat16 on CUDA, float32 on CPUs, ~10x faster there),
     # bfloat16 or float32
     ns_dtype: str = "auto"
+    ns_form: str = "products"  # mars-shampoo's Newton-Schulz product order: the authors' products, or fused_gram
 
 
 @dataclass

@@ -1,6 +1,5 @@
 """Muon, the baseline of the MARS paper, as its authors ran it (AGI-Arena/MARS ``optimizers/muon.py``,
 adapted from KellerJordan/modded-nanogpt), with their AdamW for the tensors that are not 2-D in the same object."""
-import inspect
 from typing import Any
 
 import torch
@@ -21,8 +20,6 @@ from mars.optimizer import (
 
 ADAMW_VARIANTS = ("authors", "torch")
 UPDATE_DTYPES = (torch.bfloat16, torch.float32)
-# Options added after the first Muon was saved: a pickle from before lacks them even in ``defaults``.
-ADDED_OPTIONS = ("adamw_variant", "update_dtype", "ns_form")
 
 
 class Muon(Float32StateOptimizer):
@@ -67,6 +64,7 @@ class Muon(Float32StateOptimizer):
     """
 
     process_group = WeakProcessGroup()
+    ADDED_OPTIONS = ("adamw_variant", "update_dtype", "ns_form")
 
     def __init__(
         self,
@@ -186,12 +184,3 @@ class Muon(Float32StateOptimizer):
         else:
             reference.adamw_step(param, param.grad, state["exp_avg"], state["exp_avg_sq"], None, **hyper,
                                  amsgrad=False)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """Restore a pickle (or a loaded state_dict's groups), giving options added since their defaults."""
-        if "defaults" in state:  # a pickle; load_state_dict's groups get them from the constructed defaults
-            constructor = inspect.signature(Muon.__init__).parameters
-            for key in ADDED_OPTIONS:
-                state["defaults"].setdefault(key, constructor[key].default)
-        super().__setstate__(state)
-

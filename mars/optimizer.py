@@ -4,6 +4,7 @@ The update rules live in :mod:`mars.reference`; the backends (:mod:`mars.torch_b
 :mod:`mars.triton_backend`) compute the same rules over whole lists of tensors and are tested against it.
 """
 import importlib
+import inspect
 import importlib.util
 import os
 import weakref
@@ -99,7 +100,11 @@ def restore_float32_state(optimizer: torch.optim.Optimizer, state_dict: dict[str
 
 class Float32StateOptimizer(torch.optim.Optimizer):
     """An optimizer whose state stays float32 whatever the parameters' dtype, through ``load_state_dict`` and
-    pickling, and whose param groups from older state dicts get the hyperparameters added since."""
+    pickling, and whose param groups from older state dicts and pickles get the hyperparameters added since."""
+
+    # Constructor options added after the first optimizers were saved: a pickle from before lacks them even in
+    # its ``defaults``, which then get the constructor's default.
+    ADDED_OPTIONS: tuple[str, ...] = ()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load as ``torch.optim.Optimizer`` does, keeping float32 state for low-precision parameters."""
@@ -107,6 +112,10 @@ class Float32StateOptimizer(torch.optim.Optimizer):
         restore_float32_state(self, state_dict)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if "defaults" in state:  # a pickle; load_state_dict's groups get them from the constructed defaults
+            constructor = inspect.signature(type(self).__init__).parameters
+            for key in self.ADDED_OPTIONS:
+                state["defaults"].setdefault(key, constructor[key].default)
         super().__setstate__(state)
         fill_new_defaults(self)
 
@@ -244,7 +253,12 @@ class MARS(Float32StateOptimizer):
             (:class:`WeakProcessGroup`): the optimizer does not keep the group alive past its destruction.
         ns_dtype: mars-shampoo's Newton-Schulz dtype: the official bfloat16, or float32 (~10x faster on CPUs
             without bfloat16 matrix units, and deterministic enough to compare batched with one-by-one).
+        ns_form: the product order of mars-shampoo's Newton-Schulz with the fast backends
+            (:data:`mars.newton_schulz.NS_FORMS`): the authors' ``"products"``, or ``"fused_gram"`` (fewer flops
+            and kernels, half the bfloat16 rounding error). ``backend="reference"`` always takes the authors'.
     """
+
+    ADDED_OPTIONS = ("ns_form",)
 
     process_group = WeakProcessGroup()
 
@@ -266,6 +280,7 @@ class MARS(Float32StateOptimizer):
         backend: str = "auto",
         process_group: dist.ProcessGroup | None = None,
         ns_dtype: torch.dtype = torch.bfloat16,
+        ns_form: str = "products",
     ):
         if not lr > 0.0:
             raise ValueError(f"lr must be > 0 (lr_1d is applied as the ratio lr_1d / lr), got {lr!r}")
@@ -277,7 +292,7 @@ class MARS(Float32StateOptimizer):
         defaults = dict(
             lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, gamma=gamma,
             mars_type=mars_type, optimize_1d=optimize_1d, lr_1d_ratio=lr_1d / lr, betas_1d=betas_1d,
-            weight_decay_1d=weight_decay_1d, ns_dtype=ns_dtype,
+            weight_decay_1d=weight_decay_1d, ns_dtype=ns_dtype, ns_form=ns_form,
         )
         self.is_approx = is_approx
         self.backend = backend
@@ -298,8 +313,18 @@ class MARS(Float32StateOptimizer):
         check_betas("betas", group["betas"])
         check_betas("betas_1d", group["betas_1d"])
         check_ns_dtype(group["ns_dtype"])
+        if group["ns_form"] not in ("products", "fused_gram"):
+            raise ValueError(f"ns_form must be 'products' (the authors') or 'fused_gram' for mars-shampoo, got "
+                             f"{group['ns_form']!r} (the 'gram' form normalises in ns_dtype, which mars-shampoo "
+                             "does not)")
         if group["mars_type"] not in reference.MARS_TYPES:
             raise ValueError(f"mars_type must be one of {reference.MARS_TYPES}, got {group['mars_type']!r}")
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Optimizer.__getstate__ keeps only defaults, state and groups; the scheme, the backend and a stashed
+        # look-ahead gradient must survive a copy or pickle too.
+        return {**super().__getstate__(), "is_approx": self.is_approx, "backend": self.backend,
+                "_lookahead_stashed": self._lookahead_stashed, "_stashed_states": self._stashed_states}
 
     @property
     def needs_lookahead_grad(self) -> bool:
@@ -376,13 +401,13 @@ class MARS(Float32StateOptimizer):
             lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
             gamma=group["gamma"], amsgrad=amsgrad, remember_grad=self.is_approx,
         )
-        ns_dtype = group["ns_dtype"]
+        ns_dtype, ns_form = group["ns_dtype"], group["ns_form"]
         for device, params in _by_device(backend_mars):
             self._run_mars(self._backend_for(device), params, mars_type=backend_mars_type, **mars_hyper)
         if shampoo_2d and self.backend == "reference" and self.process_group is None:
             self._run_mars(REFERENCE_BACKEND, shampoo_2d, mars_type="mars-shampoo", ns_dtype=ns_dtype, **mars_hyper)
         elif shampoo_2d:
-            self._run_shampoo_2d(shampoo_2d, ns_dtype=ns_dtype, **mars_hyper)
+            self._run_shampoo_2d(shampoo_2d, ns_dtype=ns_dtype, ns_form=ns_form, **mars_hyper)
 
         beta1_1d, beta2_1d = group["betas_1d"]
         for device, params in _by_device(adamw):
@@ -409,7 +434,7 @@ class MARS(Float32StateOptimizer):
         )
 
     def _run_shampoo_2d(self, params: list[Tensor], *, lr: float, beta1: float, eps: float, weight_decay: float,
-                        gamma: float, remember_grad: bool, ns_dtype: torch.dtype, **_) -> None:
+                        gamma: float, remember_grad: bool, ns_dtype: torch.dtype, ns_form: str, **_) -> None:
         """mars-shampoo on 2-D tensors, as :func:`mars.reference.mars_step`, Newton-Schulz on them all at once."""
         states = self._states(params)
         last_grads, exp_avgs = state_buffers(params, states, "last_grad"), state_buffers(params, states, "exp_avg")
@@ -422,7 +447,7 @@ class MARS(Float32StateOptimizer):
             if remember_grad:
                 last_grad.copy_(param.grad)
         # The official code passes the optimizer's eps to Newton-Schulz as its normalisation guard.
-        updates = orthogonalise(directions, dtype=ns_dtype, process_group=self.process_group, eps=eps)
+        updates = orthogonalise(directions, dtype=ns_dtype, process_group=self.process_group, eps=eps, form=ns_form)
         for param, update in zip(params, updates):
             scale = max(1.0, param.size(0) / param.size(1)) ** 0.5
             reference.apply_update(param, update.mul_(scale), lr, weight_decay)

@@ -62,7 +62,7 @@ def optimizer_class_and_arguments(cfg, device: torch.device = torch.device("cpu"
                           amsgrad=cfg.amsgrad, gamma=cfg.gamma, is_approx=cfg.is_approx, mars_type=cfg.mars_type,
                           optimize_1d=cfg.optimize_1d, lr_1d=cfg.lr_1d, betas_1d=tuple(cfg.betas_1d),
                           weight_decay_1d=cfg.weight_decay_1d, backend=cfg.backend,
-                          ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device))
+                          ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device), ns_form=cfg.ns_form)
     if cfg.name == "muon":
         from mars import Muon
 

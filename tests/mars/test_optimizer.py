@@ -1,6 +1,7 @@
 """mars.MARS: every backend against a plain per-tensor loop over mars.reference, plus the optimizer contract."""
 import copy
 import io
+import pickle
 
 import pytest
 import torch
@@ -260,10 +261,11 @@ def test_triton_refuses_a_loaded_state_that_does_not_fit_its_params_after_checke
         optimizer.step()
 
 
-def shampoo_trajectory(backend, ns_dtype, shapes, steps=5):
+def shampoo_trajectory(backend, ns_dtype, shapes, steps=5, ns_form="products"):
     torch.manual_seed(11)
     params = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
-    optimizer = MARS(params, lr=1e-2, weight_decay=0.1, mars_type="mars-shampoo", backend=backend, ns_dtype=ns_dtype)
+    optimizer = MARS(params, lr=1e-2, weight_decay=0.1, mars_type="mars-shampoo", backend=backend, ns_dtype=ns_dtype,
+                     ns_form=ns_form)
     for _ in range(steps):
         for param in params:
             param.grad = torch.randn(param.shape) * 0.1
@@ -285,6 +287,50 @@ def test_shampoo_ns_dtype_is_the_newton_schulz_precision():
     assert all(torch.equal(a, b) for a, b in zip(bfloat16, shampoo_trajectory("torch", torch.bfloat16, shapes)))
     float32 = shampoo_trajectory("reference", torch.float32, shapes)
     assert not torch.allclose(bfloat16[0], float32[0], rtol=0, atol=1e-6)
+
+
+def test_shampoo_ns_form_orders_the_products_of_the_same_polynomial():
+    shapes = [(8, 6), (6, 8), (5,)]
+    authors = shampoo_trajectory("torch", torch.float32, shapes)
+    for a, b in zip(shampoo_trajectory("torch", torch.float32, shapes, ns_form="fused_gram"), authors):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    fused = shampoo_trajectory("torch", torch.bfloat16, shapes, ns_form="fused_gram")
+    assert not torch.equal(fused[0], shampoo_trajectory("torch", torch.bfloat16, shapes)[0])
+    with pytest.raises(ValueError, match="^ns_form must be 'products'"):
+        MARS([torch.nn.Parameter(torch.zeros(2, 2))], mars_type="mars-shampoo", ns_form="gram")
+
+
+@pytest.mark.parametrize("is_approx", [True, False])
+def test_a_copy_steps_as_the_original(is_approx):
+    torch.manual_seed(3)
+    param = torch.nn.Parameter(torch.randn(4, 3))
+    optimizer = MARS([param], is_approx=is_approx, backend="reference")
+    for _ in range(2):
+        param.grad = torch.randn(4, 3)
+        if not is_approx:
+            optimizer.stash_lookahead_grad()
+        optimizer.step()
+    if not is_approx:
+        optimizer.stash_lookahead_grad()
+    param.grad = torch.randn(4, 3)
+    copied_param, copied = copy.deepcopy((param, optimizer))
+    copied_param.grad = param.grad.clone()  # a deep copy of a Parameter leaves its .grad behind
+    assert (copied.is_approx, copied.backend) == (is_approx, "reference")
+    optimizer.step()
+    copied.step()
+    torch.testing.assert_close(copied_param, param, rtol=0, atol=0)
+
+
+def test_a_pickle_from_before_ns_form_unpickles_with_the_authors_order():
+    param = torch.nn.Parameter(torch.randn(4, 3))
+    param.grad = torch.randn(4, 3)
+    optimizer = MARS([param], mars_type="mars-shampoo", ns_dtype=torch.float32)
+    optimizer.step()
+    for options in (optimizer.defaults, *optimizer.param_groups):
+        del options["ns_form"]
+    restored = pickle.loads(pickle.dumps(optimizer))
+    assert restored.defaults["ns_form"] == restored.param_groups[0]["ns_form"] == "products"
+    restored.step()
 
 
 def test_a_state_dict_from_before_ns_dtype_loads_with_the_default():
