@@ -2,24 +2,29 @@
 as ``torch.optim`` optimizers, following the MARS-M authors' code (AGI-Arena/MARS ``MARS_M/optimizers/``).
 
 The update rules live in :mod:`mars.reference`; these classes gather each group's tensors, orthogonalise the
-matrices' directions together (:func:`mars.newton_schulz.orthogonalise`) and apply the rules.
+matrices' directions together (:func:`mars.newton_schulz.orthogonalise`) and apply the rules, either tensor by
+tensor (:data:`PER_TENSOR`, the reference's functions in a loop) or to whole lists at once
+(:mod:`mars.mars_m_foreach`, the same operations as ``torch._foreach_*`` ops).
 """
+from collections.abc import Callable
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from mars import reference
+from mars import mars_m_foreach, reference
 from mars.newton_schulz import orthogonalise
 from mars.optimizer import (
     MARS,
+    advance_steps,
     check_betas,
     check_ns_dtype,
     check_non_negative,
     check_real_params,
-    float32_zeros_like,
     Float32StateOptimizer,
+    state_buffers,
     WeakProcessGroup,
 )
 
@@ -31,18 +36,53 @@ def check_flags(**flags: Any) -> None:
             raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
+def _each(rule: Callable[..., Any]) -> Callable[..., list[Any]]:
+    """The list form of a per-tensor ``rule``: ``rule`` applied to the tensors at each index of the lists."""
+    return lambda *lists, **hyper: [rule(*tensors, **hyper) for tensors in zip(*lists)]
+
+
+def _mars_m_momenta(grads, last_grads, momentum_buffers, *, remember_grad: bool, **hyper) -> list[Tensor]:
+    """:func:`mars.reference.mars_m_momentum` tensor by tensor; with ``remember_grad``, then g_prev <- g."""
+    momenta = _each(reference.mars_m_momentum)(grads, last_grads, momentum_buffers, **hyper)
+    if remember_grad:
+        for last_grad, grad in zip(last_grads, grads):
+            last_grad.copy_(grad)
+    return momenta
+
+
+def _mars_m_adamw_steps(params, grads, exp_avgs, exp_avg_sqs, *, steps: list[int], **hyper) -> None:
+    """:func:`mars.reference.mars_m_adamw_step` tensor by tensor, each at its own ``steps[i]``."""
+    for param, grad, exp_avg, exp_avg_sq, step in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
+        reference.mars_m_adamw_step(param, grad, exp_avg, exp_avg_sq, step=step, **hyper)
+
+
+# The per-tensor path: the functions of mars.mars_m_foreach, computed by mars.reference one tensor at a time.
+PER_TENSOR = SimpleNamespace(
+    mars_m_momenta=_mars_m_momenta,
+    mars_m_efficient_directions=_each(reference.mars_m_efficient_direction),
+    moonlight_directions=_each(reference.moonlight_direction),
+    apply_shape_scaled_updates=_each(reference.apply_shape_scaled_update),
+    mars_m_adamw_steps=_mars_m_adamw_steps,
+)
+
+
 class _ShapeScaledOrthogonal(Float32StateOptimizer):
     """What MarsM, MarsMEfficient and Moonlight share: every 2-D tensor of a group with ``matrix_rule`` steps by
-    its orthogonalised direction (the subclass's :meth:`_direction`), scaled by 0.2 sqrt(max(A, B))
+    its orthogonalised direction (the subclass's :meth:`_directions`), scaled by 0.2 sqrt(max(A, B))
     (:func:`mars.reference.apply_shape_scaled_update`); every other tensor takes the authors' AdamW
     (:func:`mars.reference.mars_m_adamw_step`) with the group's lr and weight decay."""
 
     process_group = WeakProcessGroup()
 
-    def __init__(self, params, defaults: dict[str, Any], process_group: dist.ProcessGroup | None):
+    def __init__(self, params, defaults: dict[str, Any], process_group: dist.ProcessGroup | None,
+                 foreach: bool | None):
+        if foreach is not None:
+            check_flags(foreach=foreach)
         super().__init__(params, defaults)
-        # Not a hyperparameter: kept out of param_groups, which state_dict() saves.
+        # Not hyperparameters: kept out of param_groups, which state_dict() saves, so that a state dict saved by
+        # either path loads into the other.
         self.process_group = process_group
+        self.foreach = foreach
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group after checking its hyperparameters (defaults filled in) and its parameters."""
@@ -74,25 +114,37 @@ class _ShapeScaledOrthogonal(Float32StateOptimizer):
         if any(p.grad is not None and p.grad.is_sparse for group in self.param_groups for p in group["params"]):
             raise RuntimeError(f"{type(self).__name__} does not support sparse gradients; use dense gradients")
         for group in self.param_groups:
-            matrices = []
+            matrices, others = [], []
             for param in group["params"]:
-                if param.grad is None:
-                    continue
-                if group["matrix_rule"] and param.dim() == 2:
-                    matrices.append(param)
-                else:
-                    self._adamw_step(param, group)
+                if param.grad is not None:
+                    (matrices if self._takes_matrix_rule(param, group) else others).append(param)
+            if others:
+                self._adamw_step(others, group)
             if matrices:
                 self._matrix_step(matrices, group)
         return loss
 
-    def _direction(self, param: Tensor, group: dict[str, Any]) -> Tensor:
-        """The matrix whose orthogonalisation is ``param``'s update; advances ``param``'s state."""
+    @staticmethod
+    def _takes_matrix_rule(param: Tensor, group: dict[str, Any]) -> bool:
+        return group["matrix_rule"] and param.dim() == 2
+
+    def _uses_foreach(self) -> bool:
+        """The ``foreach`` option; None takes foreach ops on every device (see the option in MarsM's docstring)."""
+        return self.foreach is not False
+
+    def _rules(self) -> ModuleType | SimpleNamespace:
+        """The list functions that step the tensors: foreach ops or the reference tensor by tensor."""
+        return mars_m_foreach if self._uses_foreach() else PER_TENSOR
+
+    def _directions(self, params: list[Tensor], states: list[dict[str, Any]], group: dict[str, Any],
+                    rules) -> list[Tensor]:
+        """The matrices whose orthogonalisations are ``params``' updates, by ``rules``; advances their ``states``."""
         raise NotImplementedError
 
     def _matrix_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
-        """Orthogonalise the directions of a group's matrices (same shapes batched) and apply them."""
-        directions = [self._direction(param, group) for param in params]
+        """Orthogonalise the directions of a group's matrices and apply them."""
+        rules = self._rules()
+        directions = self._directions(params, [self.state[param] for param in params], group, rules)
         ns_dtype = group["ns_dtype"]
         # bfloat16 Newton-Schulz results are exact in bfloat16: under DDP that halves the bytes all-reduced.
         out_dtype = torch.bfloat16 if ns_dtype == torch.bfloat16 else torch.float32
@@ -101,25 +153,26 @@ class _ShapeScaledOrthogonal(Float32StateOptimizer):
         updates = orthogonalise(directions, group["ns_steps"], ns_dtype, self.process_group,
                                 eps=reference.MARS_M_NEWTON_SCHULZ_EPS, norm_in_dtype=True, out_dtype=out_dtype,
                                 form="gram")
-        for param, update in zip(params, updates):
-            reference.apply_shape_scaled_update(param, update, lr=group["lr"], weight_decay=group["weight_decay"])
+        rules.apply_shape_scaled_updates(params, updates, lr=group["lr"], weight_decay=group["weight_decay"])
 
-    def _adamw_step(self, param: Tensor, group: dict[str, Any]) -> None:
-        """The authors' AdamW step of one tensor that takes no matrix rule."""
-        state = self.state[param]
-        exp_avg, exp_avg_sq = self._buffer(param, "exp_avg"), self._buffer(param, "exp_avg_sq")
-        state["step"] = state.get("step", 0) + 1
+    def _adamw_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
+        """The authors' AdamW step of the tensors that take no matrix rule."""
+        states = [self.state[param] for param in params]
         beta1, beta2 = group["adamw_betas"]
-        reference.mars_m_adamw_step(param, param.grad, exp_avg, exp_avg_sq, step=state["step"], lr=group["lr"],
-                                    beta1=beta1, beta2=beta2, eps=group["adamw_eps"],
-                                    weight_decay=group["weight_decay"])
+        self._rules().mars_m_adamw_steps(
+            params, [param.grad for param in params], state_buffers(params, states, "exp_avg"),
+            state_buffers(params, states, "exp_avg_sq"), steps=advance_steps(states), lr=group["lr"], beta1=beta1,
+            beta2=beta2, eps=group["adamw_eps"], weight_decay=group["weight_decay"])
 
-    def _buffer(self, param: Tensor, key: str) -> Tensor:
-        """``param``'s float32 state buffer ``key``, zeros when new."""
-        state = self.state[param]
-        if key not in state:
-            state[key] = float32_zeros_like(param)
-        return state[key]
+    def __getstate__(self) -> dict[str, Any]:
+        # Optimizer.__getstate__ keeps only defaults, state and groups; the path must survive a copy or pickle.
+        return {**super().__getstate__(), "foreach": self.foreach}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Also called by load_state_dict, whose state has no "foreach": the optimizer keeps its own.
+        super().__setstate__(state)
+        self.__dict__.setdefault("foreach", None)  # pickled before the option existed
+
 
 class MarsM(_ShapeScaledOrthogonal):
     r"""MARS-M: MARS variance reduction on Moonlight's orthogonalised momentum (arXiv 2510.21800, Algorithm 2).
@@ -135,9 +188,8 @@ class MarsM(_ShapeScaledOrthogonal):
 
     (:func:`mars.reference.mars_m_step`). :math:`\mathrm{NS}_k` is Newton-Schulz with ``ns_steps`` iterations in
     ``ns_dtype``, normalised as the authors' (the ``ns_dtype`` copy by its own norm, eps 1e-7); it runs through
-    :func:`mars.newton_schulz.orthogonalise`, whose iteration groups the products as a X + b (A X) + c A (A X)
-    where the authors' forms b A + c A A first (:func:`mars.reference.newton_schulz5_gram_polynomial`): equal in
-    exact arithmetic, 2-3% apart in bfloat16 rounding, as far as their compiled kernels are from their eager code.
+    :func:`mars.newton_schulz.orthogonalise` in the authors' product order, b A + c A A formed first
+    (``form="gram"``, :func:`mars.reference.newton_schulz5_gram_polynomial`).
 
     Every other tensor (not 2-D, or in a group with ``matrix_rule=False``: the authors' embeddings and lm_head,
     ``train_mars_m.py:212-219``) takes their AdamW (:func:`mars.reference.mars_m_adamw_step`) with the group's
@@ -179,6 +231,11 @@ class MarsM(_ShapeScaledOrthogonal):
             matrix units) or float64.
         process_group: under DDP (every rank holding the same gradients), the ranks share the Newton-Schulz work
             out as :class:`mars.Muon` does. Held weakly (:class:`mars.optimizer.WeakProcessGroup`).
+        foreach: step the elementwise part (everything but Newton-Schulz) of each group's tensors together with
+            ``torch._foreach_*`` ops (:mod:`mars.mars_m_foreach`: on CUDA a few kernel launches per operation
+            instead of one per tensor) or, with False, tensor by tensor through :mod:`mars.reference`. The two
+            give the same results, on the CPU bit for bit. None (default) takes foreach on every device: on the
+            CPU too it measured as fast or faster, as it builds c_t in place (results/bench_mars_m_cpu.md).
     """
 
     def __init__(
@@ -196,6 +253,7 @@ class MarsM(_ShapeScaledOrthogonal):
         matrix_rule: bool = True,
         ns_dtype: torch.dtype = torch.bfloat16,
         process_group: dist.ProcessGroup | None = None,
+        foreach: bool | None = None,
     ):
         check_flags(is_approx=is_approx)
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, gamma=gamma, clip_c=clip_c,
@@ -205,7 +263,7 @@ class MarsM(_ShapeScaledOrthogonal):
         self.is_approx = is_approx
         self._lookahead_stashed = False
         self._stashed_states: list[dict] = []  # states whose previous_grad was stashed since the last step
-        super().__init__(params, defaults, process_group)
+        super().__init__(params, defaults, process_group, foreach)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         super()._check_group(group)
@@ -223,13 +281,15 @@ class MarsM(_ShapeScaledOrthogonal):
         next step. A no-op in the approximate scheme, as the authors' ``update_previous_grad``."""
         if self.is_approx:
             return
-        self._stashed_states = []
-        for group in self.param_groups:
-            for param in group["params"]:
-                if param.grad is None or not (group["matrix_rule"] and param.dim() == 2):
-                    continue
-                self._buffer(param, "previous_grad").copy_(param.grad)
-                self._stashed_states.append(self.state[param])
+        params = [param for group in self.param_groups for param in group["params"]
+                  if param.grad is not None and self._takes_matrix_rule(param, group)]
+        self._stashed_states = [self.state[param] for param in params]
+        stashes, grads = state_buffers(params, self._stashed_states, "previous_grad"), [param.grad for param in params]
+        if params and self._uses_foreach():
+            torch._foreach_copy_(stashes, grads)
+        else:
+            for stash, grad in zip(stashes, grads):
+                stash.copy_(grad)
         self._lookahead_stashed = True
 
     update_previous_grad = stash_lookahead_grad
@@ -250,14 +310,10 @@ class MarsM(_ShapeScaledOrthogonal):
             self._lookahead_stashed = False
         return loss
 
-    def _direction(self, param: Tensor, group: dict[str, Any]) -> Tensor:
-        last_grad = self._buffer(param, "last_grad")
-        direction = reference.mars_m_momentum(param.grad, last_grad, self._buffer(param, "momentum_buffer"),
-                                              momentum=group["momentum"], gamma=group["gamma"],
-                                              clip_c=group["clip_c"])
-        if self.is_approx:
-            last_grad.copy_(param.grad)
-        return direction
+    def _directions(self, params, states, group, rules) -> list[Tensor]:
+        return rules.mars_m_momenta([param.grad for param in params], state_buffers(params, states, "last_grad"),
+                                    state_buffers(params, states, "momentum_buffer"), momentum=group["momentum"],
+                                    gamma=group["gamma"], clip_c=group["clip_c"], remember_grad=self.is_approx)
 
     def __getstate__(self) -> dict[str, Any]:
         # Optimizer.__getstate__ keeps only defaults, state and groups; the scheme must survive a copy or pickle.
@@ -295,10 +351,11 @@ class MarsMEfficient(_ShapeScaledOrthogonal):
         matrix_rule: bool = True,
         ns_dtype: torch.dtype = torch.bfloat16,
         process_group: dist.ProcessGroup | None = None,
+        foreach: bool | None = None,
     ):
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, gamma=gamma, ns_steps=ns_steps,
                         adamw_betas=adamw_betas, adamw_eps=adamw_eps, matrix_rule=matrix_rule, ns_dtype=ns_dtype)
-        super().__init__(params, defaults, process_group)
+        super().__init__(params, defaults, process_group, foreach)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         super()._check_group(group)
@@ -307,9 +364,10 @@ class MarsMEfficient(_ShapeScaledOrthogonal):
                              "got 0.0")
         check_non_negative(gamma=group["gamma"])
 
-    def _direction(self, param: Tensor, group: dict[str, Any]) -> Tensor:
-        return reference.mars_m_efficient_direction(param.grad, self._buffer(param, "momentum_buffer"),
-                                                    momentum=group["momentum"], gamma=group["gamma"])
+    def _directions(self, params, states, group, rules) -> list[Tensor]:
+        return rules.mars_m_efficient_directions([param.grad for param in params],
+                                                 state_buffers(params, states, "momentum_buffer"),
+                                                 momentum=group["momentum"], gamma=group["gamma"])
 
 
 class Moonlight(_ShapeScaledOrthogonal):
@@ -338,15 +396,17 @@ class Moonlight(_ShapeScaledOrthogonal):
         matrix_rule: bool = True,
         ns_dtype: torch.dtype = torch.bfloat16,
         process_group: dist.ProcessGroup | None = None,
+        foreach: bool | None = None,
     ):
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, ns_steps=ns_steps,
                         adamw_betas=adamw_betas, adamw_eps=adamw_eps, matrix_rule=matrix_rule, ns_dtype=ns_dtype)
-        super().__init__(params, defaults, process_group)
+        super().__init__(params, defaults, process_group, foreach)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         super()._check_group(group)
         check_flags(nesterov=group["nesterov"])
 
-    def _direction(self, param: Tensor, group: dict[str, Any]) -> Tensor:
-        return reference.moonlight_direction(param.grad, self._buffer(param, "momentum_buffer"),
-                                             momentum=group["momentum"], nesterov=group["nesterov"])
+    def _directions(self, params, states, group, rules) -> list[Tensor]:
+        return rules.moonlight_directions([param.grad for param in params],
+                                          state_buffers(params, states, "momentum_buffer"),
+                                          momentum=group["momentum"], nesterov=group["nesterov"])

@@ -1,6 +1,7 @@
 """MARS-M and Moonlight: mars.reference against the MARS-M authors' code transcribed line by line (AGI-Arena/MARS
-``MARS_M/optimizers/``), the optimizers (MarsM, MarsMEfficient, Moonlight) against mars.reference, batching,
-DDP sharing, state_dict and pickle round trips, the exact scheme's protocol, validation."""
+``MARS_M/optimizers/``), the optimizers (MarsM, MarsMEfficient, Moonlight) against mars.reference on both paths
+(tensor by tensor, and foreach), the two paths against each other, batching, DDP sharing, state_dict and pickle
+round trips (across the paths too), the exact scheme's protocol, validation."""
 import io
 import math
 import pickle
@@ -9,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mars import MarsM, MarsMEfficient, Moonlight, reference
+from mars import MarsM, MarsMEfficient, Moonlight, mars_m_foreach, reference
 # A fixture starting a one-process Gloo group; its module imports torch.distributed.nn before any group exists.
 from tests.mars.test_process_group import start_group  # noqa: F401
 
@@ -303,11 +304,12 @@ def run_optimizer(variant, initial, steps, **options):
     return optimizer, params
 
 
+@pytest.mark.parametrize("foreach", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", VARIANTS)
-def test_optimizer_follows_the_reference(name, dtype):
+def test_optimizer_follows_the_reference(name, dtype, foreach):
     initial, steps = random_steps(CLASS_SHAPES, 8, dtype, seed=200 + len(name))
-    optimizer, params = run_optimizer(VARIANTS[name], initial, steps, ns_dtype=torch.float64)
+    optimizer, params = run_optimizer(VARIANTS[name], initial, steps, ns_dtype=torch.float64, foreach=foreach)
     matrix_rule = [len(shape) == 2 and i != EMBEDDING for i, shape in enumerate(CLASS_SHAPES)]
     expected = reference_trajectory(VARIANTS[name], initial, steps, torch.float64, matrix_rule=matrix_rule)
     # bfloat16: a float32 rounding difference can flip the stored bfloat16 value by one ulp.
@@ -341,10 +343,11 @@ def test_bfloat16_newton_schulz_is_the_authors_in_their_product_order(name):
         torch.testing.assert_close(param.detach(), expected, rtol=0, atol=tolerance)
 
 
+@pytest.mark.parametrize("foreach", [False, True])
 @pytest.mark.parametrize("name", VARIANTS)
-def test_optimizer_is_the_reference_bit_for_bit_with_bfloat16_newton_schulz(name):
+def test_optimizer_is_the_reference_bit_for_bit_with_bfloat16_newton_schulz(name, foreach):
     initial, steps = random_steps(CLASS_SHAPES, 6, torch.float32, seed=300 + len(name))
-    _, params = run_optimizer(VARIANTS[name], initial, steps, ns_dtype=torch.bfloat16)
+    _, params = run_optimizer(VARIANTS[name], initial, steps, ns_dtype=torch.bfloat16, foreach=foreach)
     matrix_rule = [len(shape) == 2 and i != EMBEDDING for i, shape in enumerate(CLASS_SHAPES)]
     expected = reference_trajectory(VARIANTS[name], initial, steps, torch.bfloat16, matrix_rule=matrix_rule)
     for param, e in zip(params, expected):
@@ -378,6 +381,108 @@ def test_efficient_optimizer_steps_as_unclipped_approximate_mars_m_with_one_buff
     assert set(efficient.state[efficient_params[0]]) == {"momentum_buffer"}
 
 
+# The foreach path (mars.mars_m_foreach) against the per-tensor one. On the CPU torch runs a foreach op as a loop of
+# the per-tensor op, and the foreach functions keep the reference's order of operations: equal bit for bit.
+
+# Tall, wide, square, single-element and one-row matrices (two of a shape), then AdamW's 1-D, one-element,
+# scalar and 3-D tensors, and a 2-D tensor in the AdamW group (EMBEDDING, as new_optimizer groups the last).
+FOREACH_SHAPES = [(12, 4), (12, 4), (4, 12), (8, 8), (1, 1), (1, 7), (9,), (1,), (), (2, 3, 4), (6, 5)]
+
+
+def with_missing_grads(steps):
+    """The steps with one tensor's gradient missing at each (a different one each step), and another tensor's
+    look-ahead gradient: that tensor keeps an older remembered gradient in the exact scheme."""
+    missing = []
+    for t, (grads, lookahead_grads, lr) in enumerate(steps):
+        grads, lookahead_grads = list(grads), list(lookahead_grads)
+        grads[t % len(grads)] = None
+        lookahead_grads[(t + 3) % len(grads)] = None
+        missing.append((grads, lookahead_grads, lr))
+    return missing
+
+
+def assert_same_params_and_state(optimizer, params, other_optimizer, other_params):
+    for param, other in zip(params, other_params):
+        assert torch.equal(param.detach(), other.detach())
+        state, other_state = optimizer.state[param], other_optimizer.state[other]
+        assert state.keys() == other_state.keys()
+        for key, value in state.items():
+            assert torch.equal(value, other_state[key]) if torch.is_tensor(value) else value == other_state[key]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_foreach_path_steps_as_the_per_tensor_path_bit_for_bit(name, dtype):
+    initial, steps = random_steps(FOREACH_SHAPES, 7, dtype, seed=500 + len(name))
+    steps = with_missing_grads(steps)
+    per_tensor, per_tensor_params = run_optimizer(VARIANTS[name], initial, steps, ns_dtype=torch.float32,
+                                                  foreach=False)
+    foreach, foreach_params = run_optimizer(VARIANTS[name], initial, steps, ns_dtype=torch.float32, foreach=True)
+    if dtype == torch.float32:  # (a bfloat16 tensor can round back to where it was)
+        assert all(not torch.equal(p.detach(), q) for p, q in zip(foreach_params, initial))  # every tensor moved
+    assert_same_params_and_state(foreach, foreach_params, per_tensor, per_tensor_params)
+
+
+@pytest.mark.parametrize("remember_grad", [True, False])
+def test_foreach_clip_divides_exactly_the_corrected_gradients_the_reference_divides(remember_grad):
+    # c_t = g when g_prev = g: a one-hot g has norm exactly 1 (not divided), zeros have norm 0.
+    generator = torch.Generator().manual_seed(9)
+    one_hot = torch.zeros(4, 3)
+    one_hot[1, 2] = 1.0
+    cases = [(one_hot, one_hot), (torch.zeros(5, 2), torch.zeros(5, 2)),
+             (torch.randn(6, 6, generator=generator), torch.randn(6, 6, generator=generator)),  # norm > 1
+             (torch.randn(3, 7, generator=generator) * 1e-3, torch.randn(3, 7, generator=generator) * 1e-3)]
+    hyper = dict(momentum=MOMENTUM, gamma=GAMMA, clip_c=True)
+    expected = [reference.mars_m_momentum(g, last.clone(), torch.full_like(g, 0.5), **hyper) for g, last in cases]
+    grads = [g for g, _ in cases]
+    last_grads = [last.clone() for _, last in cases]
+    momenta = mars_m_foreach.mars_m_momenta(grads, last_grads, [torch.full_like(g, 0.5) for g in grads],
+                                            remember_grad=remember_grad, **hyper)
+    assert all(torch.equal(m, e) for m, e in zip(momenta, expected))
+    remembered = grads if remember_grad else [last for _, last in cases]
+    assert all(torch.equal(last, r) for last, r in zip(last_grads, remembered))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("saved_by_foreach, loaded_by_foreach", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("name", ["approx", "exact", "efficient", "moonlight"])
+def test_state_dict_round_trip_keeps_float32_state_and_steps_identically_on_either_path(
+        name, saved_by_foreach, loaded_by_foreach, dtype):
+    variant = VARIANTS[name]
+    initial, steps = random_steps(FOREACH_SHAPES, 5, dtype, seed=400 + len(name))
+    params = [torch.nn.Parameter(p.clone()) for p in initial]
+    optimizer = new_optimizer(variant, params, ns_dtype=torch.float32, foreach=saved_by_foreach)
+    for grads, lookahead_grads, _ in steps[:3]:
+        optimizer_step(optimizer, params, grads, lookahead_grads)
+    buffer = io.BytesIO()
+    torch.save(optimizer.state_dict(), buffer)
+    buffer.seek(0)
+    resumed_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    resumed = new_optimizer(variant, resumed_params, ns_dtype=torch.float32, foreach=loaded_by_foreach)
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
+    assert resumed.foreach is loaded_by_foreach
+    for state in resumed.state.values():
+        assert all(v.dtype == torch.float32 for v in state.values() if torch.is_tensor(v))
+    for grads, lookahead_grads, _ in steps[3:]:
+        optimizer_step(optimizer, params, grads, lookahead_grads)
+        optimizer_step(resumed, resumed_params, grads, lookahead_grads)
+    assert_same_params_and_state(optimizer, params, resumed, resumed_params)
+
+
+@pytest.mark.parametrize("foreach, path_taken", [(True, True), (False, False), (None, True)])
+def test_foreach_option_chooses_the_path(foreach, path_taken, monkeypatch):
+    calls = []
+    for function in ("mars_m_momenta", "apply_shape_scaled_updates", "mars_m_adamw_steps"):
+        original = getattr(mars_m_foreach, function)
+        monkeypatch.setattr(mars_m_foreach, function,
+                            lambda *args, original=original, **kwargs: calls.append(1) or original(*args, **kwargs))
+    params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))]
+    optimizer = MarsM(params, ns_dtype=torch.float32, foreach=foreach)
+    set_grads(params, [torch.randn(4, 3), torch.randn(3)])
+    optimizer.step()
+    assert len(calls) == (3 if path_taken else 0)
+
+
 def test_tensors_routed_to_adamw_take_the_authors_adamw_with_the_group_lr_and_weight_decay():
     # Step 1: p (1 - lr wd) - lr sqrt(1 - b2) / (1 - b1) (1 - b1) g / (sqrt(1 - b2) |g| + eps).
     vector, embedding, cube = (torch.nn.Parameter(torch.randn(shape)) for shape in [(5,), (4, 3), (2, 2, 2)])
@@ -403,37 +508,14 @@ def test_params_without_grad_are_skipped():
     assert torch.equal(idle.detach(), before) and idle not in optimizer.state
 
 
-@pytest.mark.parametrize("name", ["approx", "exact", "efficient", "moonlight"])
-def test_state_dict_round_trip_gives_an_identical_next_step_with_float32_state(name):
-    variant = VARIANTS[name]
-    initial, steps = random_steps(CLASS_SHAPES, 4, torch.bfloat16, seed=400 + len(name))
-    params = [torch.nn.Parameter(p.clone()) for p in initial]
-    optimizer = new_optimizer(variant, params)
-    for grads, lookahead_grads, _ in steps[:3]:
-        optimizer_step(optimizer, params, grads, lookahead_grads)
-    buffer = io.BytesIO()
-    torch.save(optimizer.state_dict(), buffer)
-    buffer.seek(0)
-    resumed_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    resumed = new_optimizer(variant, resumed_params)
-    resumed.load_state_dict(torch.load(buffer, weights_only=True))
-    for state in resumed.state.values():
-        assert all(v.dtype == torch.float32 for v in state.values() if torch.is_tensor(v))
-    grads, lookahead_grads, _ = steps[3]
-    optimizer_step(optimizer, params, grads, lookahead_grads)
-    optimizer_step(resumed, resumed_params, grads, lookahead_grads)
-    for a, b in zip(params, resumed_params):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-
-
 def test_a_pickled_exact_mars_m_keeps_its_scheme_and_steps_identically():
     initial, steps = random_steps([(6, 3), (4,)], 3, torch.float32, seed=5)
     params = [torch.nn.Parameter(p.clone()) for p in initial]
-    optimizer = MarsM(params, is_approx=False, ns_dtype=torch.float32)
+    optimizer = MarsM(params, is_approx=False, ns_dtype=torch.float32, foreach=False)
     for grads, lookahead_grads, _ in steps[:2]:
         optimizer_step(optimizer, params, grads, lookahead_grads)
     restored = pickle.loads(pickle.dumps(optimizer))
-    assert restored.needs_lookahead_grad and restored.process_group is None
+    assert restored.needs_lookahead_grad and restored.process_group is None and restored.foreach is False
     restored_params = restored.param_groups[0]["params"]
     grads, lookahead_grads, _ = steps[2]
     optimizer_step(optimizer, params, grads, lookahead_grads)
@@ -582,6 +664,7 @@ def test_the_process_group_is_held_weakly(start_group):
         (dict(adamw_eps=-1e-8), "adamw_eps"),
         (dict(matrix_rule="yes"), "matrix_rule"),
         (dict(ns_dtype=torch.float16), "ns_dtype"),
+        (dict(foreach="yes"), "foreach"),
     ],
 )
 def test_invalid_argument_raises_value_error_naming_it(optimizer_class, kwargs, argument):

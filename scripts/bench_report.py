@@ -1,0 +1,31 @@
+"""What a bench script leaves behind: a record of the run (command, date, device, torch version, its figures) and
+a markdown table under a header naming the run, printed and written to ``<output_dir>/<stem>.{md,json}``."""
+import datetime
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scripts.bench_optimizer import device_name
+
+
+def run_record(script: str, argv: list[str] | None, device: torch.device, **fields: Any) -> dict[str, Any]:
+    """The command that ran ``scripts.<script>`` with ``argv`` (default: this process's arguments), the date, the
+    device and the torch version, followed by ``fields``."""
+    command = f"python -m scripts.{script} " + shlex.join(argv if argv is not None else sys.argv[1:])
+    return {"command": command, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "device": device_name(device), "torch": torch.__version__, **fields}
+
+
+def write_report(output_dir: Path, stem: str, title: str, record: dict[str, Any], table: str) -> None:
+    """Print ``table`` under ``title`` and the record's device, torch version, date and command, and write that to
+    ``<output_dir>/<stem>.md`` and ``record`` to ``<stem>.json``."""
+    header = (f"# {title}\n\n{record['device']}, torch {record['torch']}, {record['date']}\n\n"
+              f"`{record['command']}`\n\n")
+    print(header + table)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / f"{stem}.md").write_text(header + table + "\n")
+    (output_dir / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
