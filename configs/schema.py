@@ -131,6 +131,7 @@ class MarsMConfig(OptimizerConfig):
     adamw_betas: tuple[float, float] = (0.9, 0.95)
     adamw_eps: float = 1e-8
     ns_dtype: str = "auto"  # auto: the authors' bfloat16 on CUDA, float32 on CPUs
+    ns_form: str = "gram"  # Newton-Schulz's product order: the authors' gram, fused_gram or products
 
 
 @dataclass
@@ -145,6 +146,7 @@ class MoonlightConfig(OptimizerConfig):
     adamw_betas: tuple[float, float] = (0.9, 0.95)
     adamw_eps: float = 1e-8
     ns_dtype: str = "auto"
+    ns_form: str = "gram"  # Newton-Schulz's product order: the authors' gram, fused_gram or products
 
 
 @dataclass

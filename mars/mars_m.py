@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from mars import mars_m_foreach, reference
-from mars.newton_schulz import orthogonalise
+from mars.newton_schulz import NS_FORMS, orthogonalise
 from mars.optimizer import (
     MARS,
     advance_steps,
@@ -73,6 +73,7 @@ class _ShapeScaledOrthogonal(Float32StateOptimizer):
     (:func:`mars.reference.mars_m_adamw_step`) with the group's lr and weight decay."""
 
     process_group = WeakProcessGroup()
+    ADDED_OPTIONS = ("ns_form",)
 
     def __init__(self, params, defaults: dict[str, Any], process_group: dist.ProcessGroup | None,
                  foreach: bool | None):
@@ -101,6 +102,8 @@ class _ShapeScaledOrthogonal(Float32StateOptimizer):
             raise ValueError(f"ns_steps must be an int >= 1, got {ns_steps!r}")
         check_betas("adamw_betas", group["adamw_betas"])
         check_ns_dtype(group["ns_dtype"])
+        if group["ns_form"] not in NS_FORMS:
+            raise ValueError(f"ns_form must be one of {NS_FORMS}, got {group['ns_form']!r}")
         check_flags(matrix_rule=group["matrix_rule"])
 
     @torch.no_grad()
@@ -149,10 +152,10 @@ class _ShapeScaledOrthogonal(Float32StateOptimizer):
         # bfloat16 Newton-Schulz results are exact in bfloat16: under DDP that halves the bytes all-reduced.
         out_dtype = torch.bfloat16 if ns_dtype == torch.bfloat16 else torch.float32
         # The authors' Newton-Schulz: the ns_dtype copy normalised by its own norm with a fixed eps, the polynomial
-        # in the Gram matrix formed first (mars_m.py:19-30).
+        # in the Gram matrix formed first (mars_m.py:19-30), in the product order ns_form ("gram": theirs).
         updates = orthogonalise(directions, group["ns_steps"], ns_dtype, self.process_group,
                                 eps=reference.MARS_M_NEWTON_SCHULZ_EPS, norm_in_dtype=True, out_dtype=out_dtype,
-                                form="gram")
+                                form=group["ns_form"])
         rules.apply_shape_scaled_updates(params, updates, lr=group["lr"], weight_decay=group["weight_decay"])
 
     def _adamw_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
@@ -236,6 +239,9 @@ class MarsM(_ShapeScaledOrthogonal):
             instead of one per tensor) or, with False, tensor by tensor through :mod:`mars.reference`. The two
             give the same results, on the CPU bit for bit. None (default) takes foreach on every device: on the
             CPU too it measured as fast or faster, as it builds c_t in place (results/bench_mars_m_cpu.md).
+        ns_form: Newton-Schulz's product order (:data:`mars.newton_schulz.NS_FORMS`): the authors' ``"gram"``, or
+            ``"fused_gram"``, the same products with the scalings inside them (fewer kernels, about half the
+            bfloat16 rounding error).
     """
 
     def __init__(
@@ -254,11 +260,12 @@ class MarsM(_ShapeScaledOrthogonal):
         ns_dtype: torch.dtype = torch.bfloat16,
         process_group: dist.ProcessGroup | None = None,
         foreach: bool | None = None,
+        ns_form: str = "gram",
     ):
         check_flags(is_approx=is_approx)
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, gamma=gamma, clip_c=clip_c,
                         ns_steps=ns_steps, adamw_betas=adamw_betas, adamw_eps=adamw_eps, matrix_rule=matrix_rule,
-                        ns_dtype=ns_dtype)
+                        ns_dtype=ns_dtype, ns_form=ns_form)
         # The scheme fixes what the state means, so it is the optimizer's, not a group's.
         self.is_approx = is_approx
         self._lookahead_stashed = False
@@ -352,9 +359,11 @@ class MarsMEfficient(_ShapeScaledOrthogonal):
         ns_dtype: torch.dtype = torch.bfloat16,
         process_group: dist.ProcessGroup | None = None,
         foreach: bool | None = None,
+        ns_form: str = "gram",
     ):
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, gamma=gamma, ns_steps=ns_steps,
-                        adamw_betas=adamw_betas, adamw_eps=adamw_eps, matrix_rule=matrix_rule, ns_dtype=ns_dtype)
+                        adamw_betas=adamw_betas, adamw_eps=adamw_eps, matrix_rule=matrix_rule, ns_dtype=ns_dtype,
+                        ns_form=ns_form)
         super().__init__(params, defaults, process_group, foreach)
 
     def _check_group(self, group: dict[str, Any]) -> None:
@@ -397,9 +406,11 @@ class Moonlight(_ShapeScaledOrthogonal):
         ns_dtype: torch.dtype = torch.bfloat16,
         process_group: dist.ProcessGroup | None = None,
         foreach: bool | None = None,
+        ns_form: str = "gram",
     ):
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, ns_steps=ns_steps,
-                        adamw_betas=adamw_betas, adamw_eps=adamw_eps, matrix_rule=matrix_rule, ns_dtype=ns_dtype)
+                        adamw_betas=adamw_betas, adamw_eps=adamw_eps, matrix_rule=matrix_rule, ns_dtype=ns_dtype,
+                        ns_form=ns_form)
         super().__init__(params, defaults, process_group, foreach)
 
     def _check_group(self, group: dict[str, Any]) -> None:

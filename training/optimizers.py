@@ -78,7 +78,7 @@ def optimizer_class_and_arguments(cfg, device: torch.device = torch.device("cpu"
 
         arguments = dict(lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, ns_steps=cfg.ns_steps,
                          adamw_betas=tuple(cfg.adamw_betas), adamw_eps=cfg.adamw_eps,
-                         ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device))
+                         ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device), ns_form=cfg.ns_form)
         if cfg.name == "moonlight":
             return Moonlight, dict(arguments, nesterov=cfg.nesterov)
         if cfg.memory_efficient:

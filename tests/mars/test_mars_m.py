@@ -354,6 +354,30 @@ def test_optimizer_is_the_reference_bit_for_bit_with_bfloat16_newton_schulz(name
         torch.testing.assert_close(param.detach(), e, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name", VARIANTS)
+def test_ns_form_orders_the_products_of_the_same_newton_schulz(name):
+    # float64: any order is the reference; bfloat16: the order shows, and fused_gram is not the authors' gram.
+    initial, steps = random_steps(CLASS_SHAPES, 4, torch.float32, seed=400 + len(name))
+    matrix_rule = [len(shape) == 2 and i != EMBEDDING for i, shape in enumerate(CLASS_SHAPES)]
+    expected = reference_trajectory(VARIANTS[name], initial, steps, torch.float64, matrix_rule=matrix_rule)
+    _, params = run_optimizer(VARIANTS[name], initial, steps, ns_dtype=torch.float64, ns_form="fused_gram")
+    for param, e in zip(params, expected):
+        torch.testing.assert_close(param.detach(), e, rtol=1e-6, atol=1e-7)
+    authors = run_optimizer(VARIANTS[name], initial, steps, ns_dtype=torch.bfloat16)[1]
+    fused = run_optimizer(VARIANTS[name], initial, steps, ns_dtype=torch.bfloat16, ns_form="fused_gram")[1]
+    assert not torch.equal(fused[0], authors[0])
+
+
+def test_a_pickle_from_before_ns_form_unpickles_with_the_authors_order():
+    initial, steps = random_steps(CLASS_SHAPES, 2, torch.float32, seed=5)
+    optimizer, _ = run_optimizer(VARIANTS["approx"], initial, steps, ns_dtype=torch.float32)
+    for options in (optimizer.defaults, *optimizer.param_groups):
+        del options["ns_form"]
+    restored = pickle.loads(pickle.dumps(optimizer))
+    assert restored.defaults["ns_form"] == "gram"
+    assert {group["ns_form"] for group in restored.param_groups} == {"gram"}
+
+
 @pytest.mark.parametrize("name", ["approx", "exact", "efficient", "moonlight"])
 def test_same_shaped_matrices_stepped_together_match_one_optimizer_each(name):
     variant = VARIANTS[name]
@@ -665,6 +689,7 @@ def test_the_process_group_is_held_weakly(start_group):
         (dict(matrix_rule="yes"), "matrix_rule"),
         (dict(ns_dtype=torch.float16), "ns_dtype"),
         (dict(foreach="yes"), "foreach"),
+        (dict(ns_form="fused"), "ns_form"),
     ],
 )
 def test_invalid_argument_raises_value_error_naming_it(optimizer_class, kwargs, argument):

@@ -124,6 +124,16 @@ def test_mars_m_and_moonlight_route_matrices_to_their_rule_and_decay_every_tenso
     assert matrices["weight_decay"] == others["weight_decay"] == 0.05
 
 
+@pytest.mark.parametrize("optimizer, default", [("mars-m", "gram"), ("moonlight", "gram"), ("muon", "products"),
+                                                ("mars-shampoo", "products")])
+def test_ns_form_defaults_to_the_authors_order_and_reaches_the_optimizer(optimizer, default):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        for overrides, expected in (([], default), (["optimizer.ns_form=fused_gram"], "fused_gram")):
+            cfg = compose(config_name="config", overrides=[f"optimizer={optimizer}", *overrides])
+            groups = build_optimizer(cfg.optimizer, tiny_model()).param_groups
+            assert {group["ns_form"] for group in groups} == {expected}
+
+
 def test_the_memory_efficient_mars_m_has_no_exact_scheme():
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name="config", overrides=["optimizer=mars-m", "optimizer.memory_efficient=true",
