@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from mars import mars_m_foreach, reference
-from mars.newton_schulz import NS_FORMS, orthogonalise
+from mars.newton_schulz import check_ns_form, orthogonalise
 from mars.optimizer import (
     MARS,
     advance_steps,
@@ -102,8 +102,7 @@ class _ShapeScaledOrthogonal(Float32StateOptimizer):
             raise ValueError(f"ns_steps must be an int >= 1, got {ns_steps!r}")
         check_betas("adamw_betas", group["adamw_betas"])
         check_ns_dtype(group["ns_dtype"])
-        if group["ns_form"] not in NS_FORMS:
-            raise ValueError(f"ns_form must be one of {NS_FORMS}, got {group['ns_form']!r}")
+        check_ns_form(group["ns_form"], norm_in_dtype=True)  # the authors normalise in ns_dtype
         check_flags(matrix_rule=group["matrix_rule"])
 
     @torch.no_grad()

@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from mars import reference
-from mars.newton_schulz import NS_FORMS, orthogonalise
+from mars.newton_schulz import check_ns_form, orthogonalise
 from mars.optimizer import (
     check_betas,
     check_ns_dtype,
@@ -117,12 +117,8 @@ class Muon(Float32StateOptimizer):
         if group["update_dtype"] not in UPDATE_DTYPES:
             raise ValueError(f"update_dtype must be torch.bfloat16 (the authors') or torch.float32, "
                              f"got {group['update_dtype']!r}")
-        if group["ns_form"] not in NS_FORMS:
-            raise ValueError(f"ns_form must be one of {NS_FORMS}, got {group['ns_form']!r}")
-        if group["ns_form"] == "gram" and group["update_dtype"] != torch.bfloat16:
-            raise ValueError("ns_form='gram' must go with update_dtype=bfloat16 (it normalises by the norm taken in "
-                             "ns_dtype, as Muon does only then): use ns_form='fused_gram', the same form "
-                             "normalised either way")
+        # Muon normalises in ns_dtype exactly when its updates are bfloat16 (see _muon_step).
+        check_ns_form(group["ns_form"], norm_in_dtype=group["update_dtype"] == torch.bfloat16)
 
     @torch.no_grad()
     def step(self, closure=None):

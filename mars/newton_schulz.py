@@ -37,13 +37,7 @@ def newton_schulz5_fused_gram(matrix: Tensor, steps: int = 5, eps: float = 1e-7,
     ``eps``, as in the reference.
     """
     a, b, c = reference.NEWTON_SCHULZ_COEFFS
-    x = matrix.to(dtype)
-    normed = x if norm_in_dtype else matrix
-    norm = normed.norm() if matrix.dim() == 2 else normed.norm(dim=(-2, -1), keepdim=True)
-    x = x / (norm + eps)
-    transposed = matrix.size(-2) > matrix.size(-1)
-    if transposed:
-        x = x.mT
+    x, transposed = reference.normalised_wide(matrix, eps, dtype, norm_in_dtype)
     product, add_product = (torch.mm, torch.addmm) if matrix.dim() == 2 else (torch.bmm, torch.baddbmm)
     for _ in range(steps):
         gram = product(x, x.mT)
@@ -65,12 +59,14 @@ def newton_schulz5(matrix: Tensor, steps: int, eps: float, dtype: torch.dtype, n
 
 
 def check_ns_form(form: str, norm_in_dtype: bool) -> None:
-    """Raise a ValueError for an unknown form, or the gram form asked to normalise by the float32 norm."""
+    """Raise a ValueError for an unknown form, or the gram form asked to normalise by the float32 norm
+    (MARS-Shampoo's normalisation, and Muon's with float32 updates)."""
     if form not in NS_FORMS:
         raise ValueError(f"ns_form must be one of {NS_FORMS}, got {form!r}")
     if form == "gram" and not norm_in_dtype:
-        raise ValueError("form='gram' normalises in dtype (the MARS-M authors' form): pass norm_in_dtype=True, "
-                         "or take form='fused_gram', which can normalise by the float32 norm")
+        raise ValueError("ns_form='gram' must normalise by the norm taken in the Newton-Schulz dtype (the MARS-M "
+                         "authors' form; Muon does so with update_dtype=bfloat16 only, mars-shampoo never): take "
+                         "ns_form='fused_gram', the same form normalised either way")
 
 
 def assign_owners(shapes: list[torch.Size], world_size: int) -> list[int]:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from mars import reference
-from mars.newton_schulz import orthogonalise
+from mars.newton_schulz import check_ns_form, orthogonalise
 
 BACKENDS = ("auto", "reference", "torch", "triton")
 
@@ -313,10 +313,7 @@ class MARS(Float32StateOptimizer):
         check_betas("betas", group["betas"])
         check_betas("betas_1d", group["betas_1d"])
         check_ns_dtype(group["ns_dtype"])
-        if group["ns_form"] not in ("products", "fused_gram"):
-            raise ValueError(f"ns_form must be 'products' (the authors') or 'fused_gram' for mars-shampoo, got "
-                             f"{group['ns_form']!r} (the 'gram' form normalises in ns_dtype, which mars-shampoo "
-                             "does not)")
+        check_ns_form(group["ns_form"], norm_in_dtype=False)  # mars-shampoo normalises by the float32 norm
         if group["mars_type"] not in reference.MARS_TYPES:
             raise ValueError(f"mars_type must be one of {reference.MARS_TYPES}, got {group['mars_type']!r}")
 

@@ -56,6 +56,18 @@ def adam_denominator(exp_avg_sq: Tensor, step: int, beta1: float, beta2: float, 
     return exp_avg_sq.sqrt().mul(1 / math.sqrt(bias_correction2)).add(eps).mul(bias_correction1)
 
 
+def normalised_wide(matrix: Tensor, eps: float, dtype: torch.dtype, norm_in_dtype: bool) -> tuple[Tensor, bool]:
+    """The ``dtype`` copy of ``matrix`` (or of each matrix of a batch) divided by its norm plus ``eps``, transposed
+    to be at least as wide as tall, and whether it was transposed. The norm is the ``dtype`` copy's own with
+    ``norm_in_dtype``, else ``matrix``'s (see :func:`newton_schulz5`)."""
+    x = matrix.to(dtype)
+    normed = x if norm_in_dtype else matrix
+    norm = normed.norm() if matrix.dim() == 2 else normed.norm(dim=(-2, -1), keepdim=True)
+    x = x / (norm + eps)
+    transposed = matrix.size(-2) > matrix.size(-1)
+    return (x.mT if transposed else x), transposed
+
+
 def newton_schulz5(matrix: Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype = torch.bfloat16,
                    norm_in_dtype: bool = False) -> Tensor:
     """Approximate orthogonalisation U V^T of ``matrix`` by a quintic Newton-Schulz iteration in ``dtype``.
@@ -68,13 +80,7 @@ def newton_schulz5(matrix: Tensor, steps: int = 5, eps: float = 1e-7, dtype: tor
     the two differ by a rounding of the norm, which the iteration then amplifies: most output elements change.
     """
     a, b, c = NEWTON_SCHULZ_COEFFS
-    x = matrix.to(dtype)
-    normed = x if norm_in_dtype else matrix
-    norm = normed.norm() if matrix.dim() == 2 else normed.norm(dim=(-2, -1), keepdim=True)
-    x = x / (norm + eps)
-    transposed = matrix.size(-2) > matrix.size(-1)
-    if transposed:
-        x = x.mT
+    x, transposed = normalised_wide(matrix, eps, dtype, norm_in_dtype)
     for _ in range(steps):
         gram = x @ x.mT
         gram_x = gram @ x
