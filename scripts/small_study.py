@@ -14,7 +14,8 @@ using the results of the one before:
 1. ``lr``: a short lr sweep per optimizer (AdamW, Muon, MARS-AdamW approx and exact, MARS-Lion), seed 1337,
    extended by a factor 3 (up to ``MAX_EXTENSIONS`` times) past whichever end of the sweep holds the best lr;
 2. ``seeds``: the best lr of each optimizer again with seeds 1 and 2;
-3. ``gamma``: MARS-AdamW approx at its best lr with other gammas, 0 included (MARS without its correction).
+3. ``gamma``: MARS-AdamW approx at its best lr with other gammas, 0 included (MARS without its correction),
+   each with seed 1337 and the seeds of phase 2 (the paper's 0.025 has them from phases 1 and 2).
 
 Runs land in ``<out>/<name>/`` (a train.py run directory); a finished run is not run again, so an interrupted
 study resumes where it stopped. Each run uses one thread, ``--jobs`` of them at a time. Then
@@ -168,7 +169,7 @@ def phase_jobs(phase: str, out: Path, optimizers: tuple[Optimizer, ...] = OPTIMI
         if mars is None:
             return {}
         lr = best_lr(mars, out)
-        return {run_name(mars, lr, gamma=g): overrides(mars, lr, gamma=g) for g in GAMMAS}
+        return {run_name(mars, lr, seed, g): overrides(mars, lr, seed, g) for g in GAMMAS for seed in (None, *SEEDS)}
     raise ValueError(f"unknown phase {phase!r}")
 
 

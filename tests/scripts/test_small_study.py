@@ -35,6 +35,7 @@ def test_run_names_are_unique_across_phases(tmp_path):
     names += [small_study.run_name(o, o.lrs[0], seed) for o in small_study.OPTIMIZERS for seed in small_study.SEEDS]
     mars = small_study.OPTIMIZERS[1]
     names += [small_study.run_name(mars, mars.lrs[0], gamma=g) for g in small_study.GAMMAS]
+    names += [small_study.run_name(mars, mars.lrs[0], seed, g) for g in small_study.GAMMAS for seed in small_study.SEEDS]
     assert len(names) == len(set(names))
 
 
@@ -71,6 +72,22 @@ def test_every_run_has_the_presets_treatment_and_its_second_lr_follows_the_swept
         assert (cfg.model.activation, cfg.model.scale_attn_by_inverse_layer_idx) == ("gelu_tanh", True)
         assert (cfg.train.min_lr, cfg.train.grad_multiplier) == (3e-5, 4)
         assert o.name == "muon" or cfg.optimizer.decay_embeddings is False
+
+
+def test_the_gamma_phase_runs_every_gamma_with_every_seed_at_the_best_lr(tmp_path, make_run):
+    for o in small_study.OPTIMIZERS:
+        for lr, loss in zip(o.lrs, (6.5, 6.0, 6.5)):
+            finished_run(make_run, tmp_path, o, lr, loss)
+    mars = small_study.OPTIMIZERS[1]
+    best = mars.lrs[1]
+    jobs = small_study.phase_jobs("gamma", tmp_path)
+    expected = {(g, seed) for g in small_study.GAMMAS for seed in (1337, *small_study.SEEDS)}
+    ran = set()
+    for args in jobs.values():
+        cfg = compose_run(args)
+        assert cfg.optimizer.mars_type == "mars-adamw" and cfg.optimizer.is_approx and cfg.optimizer.lr == best
+        ran.add((cfg.optimizer.gamma, cfg.train.seed))
+    assert ran == expected and len(jobs) == len(expected)
 
 
 def test_only_restricts_the_runs_to_the_named_optimizers_in_their_order(tmp_path, capsys):
