@@ -92,6 +92,7 @@ class MarsConfig(OptimizerConfig):
     # bfloat16 or float32
     ns_dtype: str = "auto"
     ns_form: str = "products"  # mars-shampoo's Newton-Schulz product order: the authors' products, or fused_gram
+    ns_cuda_graph: bool = False  # mars-shampoo's Newton-Schulz as one CUDA graph per step (CUDA only)
 
 
 @dataclass
@@ -112,6 +113,7 @@ class MuonConfig(OptimizerConfig):
     update_dtype: str = "bfloat16"  # Muon's updates rounded to bfloat16 before they apply (the authors') or float32
     # Newton-Schulz's product order (mars.newton_schulz.NS_FORMS): the authors' products, gram or fused_gram
     ns_form: str = "products"
+    ns_cuda_graph: bool = False  # Newton-Schulz as one CUDA graph per step (CUDA only): no launch per kernel
 
 
 @dataclass
@@ -132,6 +134,7 @@ class MarsMConfig(OptimizerConfig):
     adamw_eps: float = 1e-8
     ns_dtype: str = "auto"  # auto: the authors' bfloat16 on CUDA, float32 on CPUs
     ns_form: str = "gram"  # Newton-Schulz's product order: the authors' gram, fused_gram or products
+    ns_cuda_graph: bool = False  # Newton-Schulz as one CUDA graph per step (CUDA only): no launch per kernel
 
 
 @dataclass
@@ -147,6 +150,7 @@ class MoonlightConfig(OptimizerConfig):
     adamw_eps: float = 1e-8
     ns_dtype: str = "auto"
     ns_form: str = "gram"  # Newton-Schulz's product order: the authors' gram, fused_gram or products
+    ns_cuda_graph: bool = False  # Newton-Schulz as one CUDA graph per step (CUDA only): no launch per kernel
 
 
 @dataclass

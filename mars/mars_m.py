@@ -15,11 +15,13 @@ import torch.distributed as dist
 from torch import Tensor
 
 from mars import mars_m_foreach, reference
+from mars.cuda_graph import CapturedLists, CudaGraphedNewtonSchulz
 from mars.newton_schulz import check_ns_form, orthogonalise
 from mars.optimizer import (
     MARS,
     advance_steps,
     check_betas,
+    check_flags,
     check_ns_dtype,
     check_non_negative,
     check_real_params,
@@ -27,13 +29,6 @@ from mars.optimizer import (
     state_buffers,
     WeakProcessGroup,
 )
-
-
-def check_flags(**flags: Any) -> None:
-    """Raise a ValueError naming the first argument that is not a bool."""
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
 def _each(rule: Callable[..., Any]) -> Callable[..., list[Any]]:
@@ -66,7 +61,7 @@ PER_TENSOR = SimpleNamespace(
 )
 
 
-class _ShapeScaledOrthogonal(Float32StateOptimizer):
+class _ShapeScaledOrthogonal(CudaGraphedNewtonSchulz, Float32StateOptimizer):
     """What MarsM, MarsMEfficient and Moonlight share: every 2-D tensor of a group with ``matrix_rule`` steps by
     its orthogonalised direction (the subclass's :meth:`_directions`), scaled by 0.2 sqrt(max(A, B))
     (:func:`mars.reference.apply_shape_scaled_update`); every other tensor takes the authors' AdamW
@@ -76,14 +71,17 @@ class _ShapeScaledOrthogonal(Float32StateOptimizer):
     ADDED_OPTIONS = ("ns_form",)
 
     def __init__(self, params, defaults: dict[str, Any], process_group: dist.ProcessGroup | None,
-                 foreach: bool | None):
+                 foreach: bool | None, ns_cuda_graph: bool):
         if foreach is not None:
             check_flags(foreach=foreach)
+        check_flags(ns_cuda_graph=ns_cuda_graph)
         super().__init__(params, defaults)
         # Not hyperparameters: kept out of param_groups, which state_dict() saves, so that a state dict saved by
         # either path loads into the other.
         self.process_group = process_group
         self.foreach = foreach
+        self.ns_cuda_graph = ns_cuda_graph
+        self._check_ns_cuda_graph_devices()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group after checking its hyperparameters (defaults filled in) and its parameters."""
@@ -115,7 +113,7 @@ class _ShapeScaledOrthogonal(Float32StateOptimizer):
         # Checked before any update so that an error leaves every parameter and its state untouched.
         if any(p.grad is not None and p.grad.is_sparse for group in self.param_groups for p in group["params"]):
             raise RuntimeError(f"{type(self).__name__} does not support sparse gradients; use dense gradients")
-        for group in self.param_groups:
+        for group_index, group in enumerate(self.param_groups):
             matrices, others = [], []
             for param in group["params"]:
                 if param.grad is not None:
@@ -123,7 +121,7 @@ class _ShapeScaledOrthogonal(Float32StateOptimizer):
             if others:
                 self._adamw_step(others, group)
             if matrices:
-                self._matrix_step(matrices, group)
+                self._matrix_step(matrices, group, self._newton_schulz_graph(group_index))
         return loss
 
     @staticmethod
@@ -143,7 +141,7 @@ class _ShapeScaledOrthogonal(Float32StateOptimizer):
         """The matrices whose orthogonalisations are ``params``' updates, by ``rules``; advances their ``states``."""
         raise NotImplementedError
 
-    def _matrix_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
+    def _matrix_step(self, params: list[Tensor], group: dict[str, Any], graph: CapturedLists | None) -> None:
         """Orthogonalise the directions of a group's matrices and apply them."""
         rules = self._rules()
         directions = self._directions(params, [self.state[param] for param in params], group, rules)
@@ -154,7 +152,7 @@ class _ShapeScaledOrthogonal(Float32StateOptimizer):
         # in the Gram matrix formed first (mars_m.py:19-30), in the product order ns_form ("gram": theirs).
         updates = orthogonalise(directions, group["ns_steps"], ns_dtype, self.process_group,
                                 eps=reference.MARS_M_NEWTON_SCHULZ_EPS, norm_in_dtype=True, out_dtype=out_dtype,
-                                form=group["ns_form"])
+                                form=group["ns_form"], graph=graph)
         rules.apply_shape_scaled_updates(params, updates, lr=group["lr"], weight_decay=group["weight_decay"])
 
     def _adamw_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
@@ -168,7 +166,7 @@ class _ShapeScaledOrthogonal(Float32StateOptimizer):
 
     def __getstate__(self) -> dict[str, Any]:
         # Optimizer.__getstate__ keeps only defaults, state and groups; the path must survive a copy or pickle.
-        return {**super().__getstate__(), "foreach": self.foreach}
+        return {**super().__getstate__(), "foreach": self.foreach, "ns_cuda_graph": self.ns_cuda_graph}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Also called by load_state_dict, whose state has no "foreach": the optimizer keeps its own.
@@ -241,6 +239,7 @@ class MarsM(_ShapeScaledOrthogonal):
         ns_form: Newton-Schulz's product order (:data:`mars.newton_schulz.NS_FORMS`): the authors' ``"gram"``, or
             ``"fused_gram"``, the same products with the scalings inside them (fewer kernels, about half the
             bfloat16 rounding error).
+        ns_cuda_graph: run each group's Newton-Schulz as one CUDA graph (CUDA only), as :class:`mars.Muon`'s.
     """
 
     def __init__(
@@ -260,6 +259,7 @@ class MarsM(_ShapeScaledOrthogonal):
         process_group: dist.ProcessGroup | None = None,
         foreach: bool | None = None,
         ns_form: str = "gram",
+        ns_cuda_graph: bool = False,
     ):
         check_flags(is_approx=is_approx)
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, gamma=gamma, clip_c=clip_c,
@@ -269,7 +269,7 @@ class MarsM(_ShapeScaledOrthogonal):
         self.is_approx = is_approx
         self._lookahead_stashed = False
         self._stashed_states: list[dict] = []  # states whose previous_grad was stashed since the last step
-        super().__init__(params, defaults, process_group, foreach)
+        super().__init__(params, defaults, process_group, foreach, ns_cuda_graph)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         super()._check_group(group)
@@ -359,11 +359,12 @@ class MarsMEfficient(_ShapeScaledOrthogonal):
         process_group: dist.ProcessGroup | None = None,
         foreach: bool | None = None,
         ns_form: str = "gram",
+        ns_cuda_graph: bool = False,
     ):
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, gamma=gamma, ns_steps=ns_steps,
                         adamw_betas=adamw_betas, adamw_eps=adamw_eps, matrix_rule=matrix_rule, ns_dtype=ns_dtype,
                         ns_form=ns_form)
-        super().__init__(params, defaults, process_group, foreach)
+        super().__init__(params, defaults, process_group, foreach, ns_cuda_graph)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         super()._check_group(group)
@@ -406,11 +407,12 @@ class Moonlight(_ShapeScaledOrthogonal):
         process_group: dist.ProcessGroup | None = None,
         foreach: bool | None = None,
         ns_form: str = "gram",
+        ns_cuda_graph: bool = False,
     ):
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, ns_steps=ns_steps,
                         adamw_betas=adamw_betas, adamw_eps=adamw_eps, matrix_rule=matrix_rule, ns_dtype=ns_dtype,
                         ns_form=ns_form)
-        super().__init__(params, defaults, process_group, foreach)
+        super().__init__(params, defaults, process_group, foreach, ns_cuda_graph)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         super()._check_group(group)

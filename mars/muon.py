@@ -7,9 +7,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from mars import reference
+from mars.cuda_graph import CapturedLists, CudaGraphedNewtonSchulz
 from mars.newton_schulz import check_ns_form, orthogonalise
 from mars.optimizer import (
     check_betas,
+    check_flags,
     check_ns_dtype,
     check_non_negative,
     check_real_params,
@@ -22,7 +24,7 @@ ADAMW_VARIANTS = ("authors", "torch")
 UPDATE_DTYPES = (torch.bfloat16, torch.float32)
 
 
-class Muon(Float32StateOptimizer):
+class Muon(CudaGraphedNewtonSchulz, Float32StateOptimizer):
     r"""MomentUm Orthogonalized by Newton-Schulz (Jordan et al., 2024), the Muon baseline of arXiv 2411.10438.
 
     For a 2-D tensor with gradient :math:`g_t` (rows x cols):
@@ -61,6 +63,8 @@ class Muon(Float32StateOptimizer):
     all-reduce of an ``update_dtype`` buffer gives everyone every update, as the authors' multi-GPU code does
     with bfloat16 (``muon.py:87-110``). Adding zeros is exact, so N ranks step exactly as one process does.
     The group is held weakly (:class:`mars.optimizer.WeakProcessGroup`): Muon does not keep it alive.
+    ``ns_cuda_graph=True`` (CUDA only) runs each group's Newton-Schulz as one CUDA graph, the same kernels without
+    a launch each (:class:`mars.cuda_graph.CapturedLists`; it holds a copy of the matrices and their results).
     """
 
     process_group = WeakProcessGroup()
@@ -83,10 +87,12 @@ class Muon(Float32StateOptimizer):
         adamw_variant: str = "authors",
         update_dtype: torch.dtype = torch.bfloat16,
         ns_form: str = "products",
+        ns_cuda_graph: bool = False,
     ):
         if not lr > 0.0:
             raise ValueError(f"lr must be > 0 (adamw_lr is applied as the ratio adamw_lr / lr), got {lr!r}")
         check_non_negative(adamw_lr=adamw_lr)
+        check_flags(ns_cuda_graph=ns_cuda_graph)
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, weight_decay=weight_decay,
             adamw_lr_ratio=adamw_lr / lr, adamw_betas=adamw_betas, adamw_eps=adamw_eps,
@@ -96,6 +102,8 @@ class Muon(Float32StateOptimizer):
         super().__init__(params, defaults)
         # Not a hyperparameter: kept out of param_groups, which state_dict() saves.
         self.process_group = process_group
+        self.ns_cuda_graph = ns_cuda_graph
+        self._check_ns_cuda_graph_devices()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group after checking its hyperparameters (defaults filled in) and its parameters."""
@@ -127,7 +135,7 @@ class Muon(Float32StateOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
+        for group_index, group in enumerate(self.param_groups):
             matrices = []
             for param in group["params"]:
                 if param.grad is None:
@@ -139,10 +147,14 @@ class Muon(Float32StateOptimizer):
                 else:
                     self._adamw_step(param, group)
             if matrices:
-                self._muon_step(matrices, group)
+                self._muon_step(matrices, group, self._newton_schulz_graph(group_index))
         return loss
 
-    def _muon_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
+    def __getstate__(self) -> dict[str, Any]:
+        # Optimizer.__getstate__ keeps only defaults, state and groups; the option survives a copy or pickle.
+        return {**super().__getstate__(), "ns_cuda_graph": self.ns_cuda_graph}
+
+    def _muon_step(self, params: list[Tensor], group: dict[str, Any], graph: CapturedLists | None) -> None:
         """Orthogonalised (Nesterov) momentum step of a group's 2-D tensors."""
         directions = []
         for param in params:
@@ -157,7 +169,7 @@ class Muon(Float32StateOptimizer):
         update_dtype = group["update_dtype"]
         orthogonalised = orthogonalise(directions, group["ns_steps"], group["ns_dtype"], self.process_group,
                                        norm_in_dtype=update_dtype == torch.bfloat16, out_dtype=update_dtype,
-                                       form=group["ns_form"])
+                                       form=group["ns_form"], graph=graph)
         lr = group["lr"]
         for param, update in zip(params, orthogonalised):
             shape_scale = max(1.0, param.size(0) / param.size(1)) ** 0.5

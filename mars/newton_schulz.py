@@ -1,11 +1,14 @@
 """Newton-Schulz orthogonalisation of many matrices at once (Muon, MARS-Shampoo, MARS-M), in one of three
 product orders, one matrix at a time or same-shaped ones batched, and under DDP shared out across the ranks,
 which all hold the same matrices."""
+import functools
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from mars import reference
+from mars.cuda_graph import CapturedLists
 
 # The same quintic, three ways of forming it (the results differ only by rounding; tests/mars/test_newton_schulz.py):
 #   products:    X <- a X + b (A X) + c A (A X),  A = X X^T   the MARS authors' Muon and MARS-Shampoo
@@ -82,16 +85,36 @@ def assign_owners(shapes: list[torch.Size], world_size: int) -> list[int]:
     return owners
 
 
+def newton_schulz_each(matrices: list[Tensor], steps: int, eps: float, dtype: torch.dtype, norm_in_dtype: bool,
+                       form: str, batch: bool, out_dtype: torch.dtype) -> list[Tensor]:
+    """Newton-Schulz of each matrix in ``out_dtype``: one at a time, or with ``batch`` same-shaped ones stacked."""
+    groups: dict[object, list[int]] = {}
+    for index, matrix in enumerate(matrices):
+        groups.setdefault(matrix.shape if batch else index, []).append(index)
+    results: list[Tensor | None] = [None] * len(matrices)
+    for indices in groups.values():
+        if len(indices) == 1:
+            results[indices[0]] = newton_schulz5(matrices[indices[0]], steps, eps, dtype, norm_in_dtype, form)
+        else:
+            stacked = torch.stack([matrices[i] for i in indices])
+            for index, result in zip(indices, newton_schulz5(stacked, steps, eps, dtype, norm_in_dtype, form)):
+                results[index] = result
+    return [result.to(out_dtype) for result in results]
+
+
 def orthogonalise(matrices: list[Tensor], steps: int = 5, dtype: torch.dtype = torch.bfloat16,
                   process_group: dist.ProcessGroup | None = None, eps: float = 1e-7, *,
                   norm_in_dtype: bool = False, out_dtype: torch.dtype = torch.float32,
-                  form: str = "products", batch: bool = False) -> list[Tensor]:
+                  form: str = "products", batch: bool = False, graph: CapturedLists | None = None) -> list[Tensor]:
     """Newton-Schulz of each matrix, in ``form`` (``NS_FORMS``).
 
     ``dtype`` and ``norm_in_dtype`` are :func:`mars.reference.newton_schulz5`'s; the results come back in
     ``out_dtype``. ``batch`` stacks same-shaped matrices into one batch (fewer, larger products); off by
     default because it measured slower than one matrix at a time on both an H100 and a CPU
-    (results/bench_newton_schulz_*.md). With a ``process_group`` of several ranks, all holding the same
+    (results/bench_newton_schulz_*.md). With a ``graph`` (CUDA tensors only) this rank's work runs as one CUDA
+    graph, captured on the first call and replayed after (:class:`mars.cuda_graph.CapturedLists`: the same
+    kernels without a launch each; without a ``process_group`` the results are the graph's output buffers,
+    overwritten by its next call). With a ``process_group`` of several ranks, all holding the same
     ``matrices`` (DDP's all-reduced gradients), each rank orthogonalises its share (:func:`assign_owners`) and an
     all-reduce of one flat ``out_dtype`` buffer, zero outside each owner's slots, hands every rank all results
     exactly: the cost per rank falls with the number of ranks instead of being repeated on each, and N ranks
@@ -102,24 +125,22 @@ def orthogonalise(matrices: list[Tensor], steps: int = 5, dtype: torch.dtype = t
     world_size = dist.get_world_size(process_group) if process_group is not None else 1
     rank = dist.get_rank(process_group) if process_group is not None else 0
     owners = assign_owners([m.shape for m in matrices], world_size)
-    results: list[Tensor | None] = [None] * len(matrices)
     mine = [index for index, owner in enumerate(owners) if owner == rank]
-    batches: dict[object, list[int]] = {}
-    for index in mine:
-        batches.setdefault(matrices[index].shape if batch else index, []).append(index)
-    for indices in batches.values():
-        if len(indices) == 1:
-            results[indices[0]] = newton_schulz5(matrices[indices[0]], steps, eps, dtype, norm_in_dtype, form)
-        else:
-            stacked = torch.stack([matrices[i] for i in indices])
-            for index, result in zip(indices, newton_schulz5(stacked, steps, eps, dtype, norm_in_dtype, form)):
-                results[index] = result
+    options = dict(steps=steps, eps=eps, dtype=dtype, norm_in_dtype=norm_in_dtype, form=form, batch=batch,
+                   out_dtype=out_dtype)
+    local = [matrices[index] for index in mine]
+    if not local:
+        local_results = []
+    elif graph is None:
+        local_results = newton_schulz_each(local, **options)
+    else:
+        local_results = graph(functools.partial(newton_schulz_each, **options), local,
+                              key=tuple(sorted(options.items())))
     if world_size == 1:
-        return [result.to(out_dtype) for result in results]
+        return local_results
     flat = torch.zeros(sum(m.numel() for m in matrices), dtype=out_dtype, device=matrices[0].device)
     views = flat.split([m.numel() for m in matrices])
-    for view, result in zip(views, results):
-        if result is not None:
-            view.copy_(result.flatten())
+    for index, result in zip(mine, local_results):
+        views[index].copy_(result.flatten())
     dist.all_reduce(flat, group=process_group)  # x + 0 + ... + 0 = x in any dtype: exact
     return [view.view_as(matrix) for view, matrix in zip(views, matrices)]

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from mars import reference
+from mars.cuda_graph import CapturedLists, CudaGraphedNewtonSchulz
 from mars.newton_schulz import check_ns_form, orthogonalise
 
 BACKENDS = ("auto", "reference", "torch", "triton")
@@ -47,6 +48,13 @@ def check_betas(name: str, betas: Any) -> None:
     """Raise a ValueError naming ``name`` unless ``betas`` is a pair with 0 <= beta < 1."""
     if len(betas) != 2 or not all(0.0 <= beta < 1.0 for beta in betas):
         raise ValueError(f"{name} must be a pair (beta1, beta2) with 0 <= beta < 1, got {betas!r}")
+
+
+def check_flags(**flags: Any) -> None:
+    """Raise a ValueError naming the first argument that is not a bool."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
 def check_non_negative(**values: float) -> None:
@@ -186,7 +194,7 @@ REFERENCE_BACKEND = SimpleNamespace(
 )
 
 
-class MARS(Float32StateOptimizer):
+class MARS(CudaGraphedNewtonSchulz, Float32StateOptimizer):
     r"""MARS: variance-reduced preconditioned optimization (Yuan et al., 2024, arXiv 2411.10438).
 
     For a tensor taking the MARS rule (2-D tensors, or all with ``optimize_1d``), with gradient
@@ -256,6 +264,8 @@ class MARS(Float32StateOptimizer):
         ns_form: the product order of mars-shampoo's Newton-Schulz with the fast backends
             (:data:`mars.newton_schulz.NS_FORMS`): the authors' ``"products"``, or ``"fused_gram"`` (fewer flops
             and kernels, half the bfloat16 rounding error). ``backend="reference"`` always takes the authors'.
+        ns_cuda_graph: run each group's mars-shampoo Newton-Schulz as one CUDA graph (CUDA only), as
+            :class:`mars.Muon`'s; not with ``backend="reference"``.
     """
 
     ADDED_OPTIONS = ("ns_form",)
@@ -281,9 +291,14 @@ class MARS(Float32StateOptimizer):
         process_group: dist.ProcessGroup | None = None,
         ns_dtype: torch.dtype = torch.bfloat16,
         ns_form: str = "products",
+        ns_cuda_graph: bool = False,
     ):
         if not lr > 0.0:
             raise ValueError(f"lr must be > 0 (lr_1d is applied as the ratio lr_1d / lr), got {lr!r}")
+        check_flags(ns_cuda_graph=ns_cuda_graph)
+        if ns_cuda_graph and backend == "reference":
+            raise ValueError("ns_cuda_graph=True captures the fast backends' Newton-Schulz; backend='reference' runs "
+                             "the reference tensor by tensor: take backend='torch' or 'auto', or ns_cuda_graph=False")
         check_non_negative(lr_1d=lr_1d)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -296,10 +311,12 @@ class MARS(Float32StateOptimizer):
         )
         self.is_approx = is_approx
         self.backend = backend
+        self.ns_cuda_graph = ns_cuda_graph
         self.process_group = process_group  # not in defaults: param_groups are saved by state_dict()
         self._lookahead_stashed = False
         self._stashed_states: list[dict] = []  # states whose previous_grad was stashed since the last step
         super().__init__(params, defaults)
+        self._check_ns_cuda_graph_devices()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group after checking its hyperparameters (defaults filled in) and its parameters."""
@@ -321,6 +338,7 @@ class MARS(Float32StateOptimizer):
         # Optimizer.__getstate__ keeps only defaults, state and groups; the scheme, the backend and a stashed
         # look-ahead gradient must survive a copy or pickle too.
         return {**super().__getstate__(), "is_approx": self.is_approx, "backend": self.backend,
+                "ns_cuda_graph": self.ns_cuda_graph,
                 "_lookahead_stashed": self._lookahead_stashed, "_stashed_states": self._stashed_states}
 
     @property
@@ -380,15 +398,15 @@ class MARS(Float32StateOptimizer):
         # Every group is sorted before any update, so that an error (a sparse gradient) leaves every parameter and
         # its state untouched.
         sorted_groups = [(group, _sort_by_rule(group)) for group in self.param_groups]
-        for group, (backend_mars, shampoo_2d, adamw) in sorted_groups:
-            self._step_group(group, backend_mars, shampoo_2d, adamw)
+        for group_index, (group, (backend_mars, shampoo_2d, adamw)) in enumerate(sorted_groups):
+            self._step_group(group, backend_mars, shampoo_2d, adamw, self._newton_schulz_graph(group_index))
         if self.needs_lookahead_grad:
             self.update_last_grad()
             self._lookahead_stashed = False
         return loss
 
     def _step_group(self, group: dict[str, Any], backend_mars: list[Tensor], shampoo_2d: list[Tensor],
-                    adamw: list[Tensor]) -> None:
+                    adamw: list[Tensor], graph: CapturedLists | None) -> None:
         """Run the group's tensors, sorted by :func:`_sort_by_rule`, through their backends by device."""
         mars_type, amsgrad = group["mars_type"], group["amsgrad"]
         # mars-shampoo's tensors that are not 2-D take the AdamW-style MARS rule, as in the official code.
@@ -404,7 +422,7 @@ class MARS(Float32StateOptimizer):
         if shampoo_2d and self.backend == "reference" and self.process_group is None:
             self._run_mars(REFERENCE_BACKEND, shampoo_2d, mars_type="mars-shampoo", ns_dtype=ns_dtype, **mars_hyper)
         elif shampoo_2d:
-            self._run_shampoo_2d(shampoo_2d, ns_dtype=ns_dtype, ns_form=ns_form, **mars_hyper)
+            self._run_shampoo_2d(shampoo_2d, ns_dtype=ns_dtype, ns_form=ns_form, graph=graph, **mars_hyper)
 
         beta1_1d, beta2_1d = group["betas_1d"]
         for device, params in _by_device(adamw):
@@ -431,7 +449,8 @@ class MARS(Float32StateOptimizer):
         )
 
     def _run_shampoo_2d(self, params: list[Tensor], *, lr: float, beta1: float, eps: float, weight_decay: float,
-                        gamma: float, remember_grad: bool, ns_dtype: torch.dtype, ns_form: str, **_) -> None:
+                        gamma: float, remember_grad: bool, ns_dtype: torch.dtype, ns_form: str,
+                        graph: CapturedLists | None, **_) -> None:
         """mars-shampoo on 2-D tensors, as :func:`mars.reference.mars_step`, Newton-Schulz on them all at once."""
         states = self._states(params)
         last_grads, exp_avgs = state_buffers(params, states, "last_grad"), state_buffers(params, states, "exp_avg")
@@ -444,7 +463,8 @@ class MARS(Float32StateOptimizer):
             if remember_grad:
                 last_grad.copy_(param.grad)
         # The official code passes the optimizer's eps to Newton-Schulz as its normalisation guard.
-        updates = orthogonalise(directions, dtype=ns_dtype, process_group=self.process_group, eps=eps, form=ns_form)
+        updates = orthogonalise(directions, dtype=ns_dtype, process_group=self.process_group, eps=eps, form=ns_form,
+                                graph=graph)
         for param, update in zip(params, updates):
             scale = max(1.0, param.size(0) / param.size(1)) ** 0.5
             reference.apply_update(param, update.mul_(scale), lr, weight_decay)

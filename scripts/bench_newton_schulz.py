@@ -10,7 +10,8 @@ every 2-D tensor), from float32 inputs as the optimizers hand them over, along t
   gram: the MARS-M authors'; fused_gram: the gram form inside addmm), one matrix at a time or batched by shape
   (``orthogonalise(..., form, batch)``, what the optimizers run);
 * with ``--compile``, one matrix at a time under ``torch.compile`` (the MARS authors compile theirs);
-* on CUDA, the whole set captured once in a CUDA graph and replayed (no launch cost: what the GPU alone needs);
+* on CUDA, each of those captured once in a CUDA graph and replayed (``orthogonalise(..., graph=)``, what the
+  optimizers' ``ns_cuda_graph=True`` runs: no launch cost, what the GPU alone needs);
 * for W = 2, 4, 8 ranks, each rank's share as ``mars.newton_schulz.assign_owners`` deals them out, in the
   optimizers' default form, timed one rank after another on this one device; the slowest rank's time is what a
   DDP step waits for (the all-reduce that hands the results round is not timed).
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from mars.cuda_graph import CapturedLists
 from mars.newton_schulz import NS_FORMS, assign_owners, newton_schulz5, newton_schulz_flops, orthogonalise
 from scripts.bench_optimizer import device_name, gpt2_shapes, make_timer
 
@@ -65,26 +67,6 @@ def compiled_paths(dtype: torch.dtype) -> dict[str, tuple[str, Callable]]:
     return paths
 
 
-def cuda_graphed(fn: Callable, matrices: list[torch.Tensor]) -> Callable:
-    """``fn`` on ``matrices`` captured once into a CUDA graph; the returned function copies fresh inputs in and replays."""
-    static = [matrix.clone() for matrix in matrices]
-    side_stream = torch.cuda.Stream()
-    side_stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side_stream):  # warm-up outside the capture, as torch.cuda.graphs asks
-        for _ in range(3):
-            fn(static)
-    torch.cuda.current_stream().wait_stream(side_stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = fn(static)
-
-    def replay(fresh: list[torch.Tensor]) -> list[torch.Tensor]:
-        torch._foreach_copy_(static, fresh)
-        graph.replay()
-        return outputs
-    return replay
-
-
 def matmul_tflops(dtype: torch.dtype, device: torch.device, timer, reps: int) -> float:
     """TFLOP/s of one large square product in ``dtype``: the rate the floor assumes."""
     size = 8192 if device.type == "cuda" else 1024
@@ -102,7 +84,7 @@ def time_paths(matrices: list[torch.Tensor], dtype: torch.dtype, reps: int, time
     if matrices[0].device.type == "cuda":
         for form in NS_FORMS:
             for label in (f"{form}, one at a time", f"{form}, batched by shape"):
-                paths[f"{label}, CUDA graph"] = (form, cuda_graphed(paths[label][1], matrices))
+                paths[f"{label}, CUDA graph"] = (form, functools.partial(paths[label][1], graph=CapturedLists()))
     if only:
         unknown = sorted(set(only) - set(paths))
         if unknown:

@@ -44,7 +44,11 @@ OPTIMIZERS = {  # label: overrides of configs/
     "MARS-Lion": ["optimizer=mars-lion"],
     "Muon": ["optimizer=muon"],
     "Muon fused_gram": ["optimizer=muon", "optimizer.ns_form=fused_gram"],  # mars/newton_schulz.py NS_FORMS
+    # Newton-Schulz replayed as one CUDA graph per step (mars/cuda_graph.py): CUDA only
+    "Muon CUDA graph": ["optimizer=muon", "optimizer.ns_cuda_graph=true"],
+    "Muon fused_gram CUDA graph": ["optimizer=muon", "optimizer.ns_form=fused_gram", "optimizer.ns_cuda_graph=true"],
 }
+CUDA_ONLY = {label for label, overrides in OPTIMIZERS.items() if "optimizer.ns_cuda_graph=true" in overrides}
 PHASES = ("data", "forward", "backward", "look-ahead", "clip", "optimizer")
 BASELINE = "AdamW"
 
@@ -154,7 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--model", default="tiny", help="a config in configs/model/ (tiny, gpt2-small, ...)")
-    parser.add_argument("--optimizers", nargs="+", choices=sorted(OPTIMIZERS), default=list(OPTIMIZERS))
+    parser.add_argument("--optimizers", nargs="+", choices=sorted(OPTIMIZERS),
+                        help="default: every one the device runs (the CUDA graph rows on CUDA only)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--dtype", choices=[p.value for p in Precision], default="auto")
@@ -174,6 +179,10 @@ def main(argv: list[str] | None = None) -> None:
     if min(args.loss_chunk_sizes) < 0:
         parser.error("--loss-chunk-sizes must be >= 0 (0: the plain loss)")
     device = torch.device(args.device)
+    if args.optimizers is None:
+        args.optimizers = [label for label in OPTIMIZERS if device.type == "cuda" or label not in CUDA_ONLY]
+    elif device.type != "cuda" and CUDA_ONLY & set(args.optimizers):
+        parser.error(f"{sorted(CUDA_ONLY & set(args.optimizers))} need a CUDA device")
     rows = []
     for optimizer_label in args.optimizers:
         for loss_chunk_size in args.loss_chunk_sizes:

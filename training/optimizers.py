@@ -48,6 +48,9 @@ def optimizer_class_and_arguments(cfg, device: torch.device = torch.device("cpu"
                                   ) -> tuple[type[torch.optim.Optimizer], dict]:
     """The optimizer class a config names, and its constructor arguments other than the parameters, for
     parameters on ``device``."""
+    if cfg.get("ns_cuda_graph", False) and device.type != "cuda":
+        raise ValueError(f"optimizer.ns_cuda_graph=true runs Newton-Schulz as a CUDA graph, and the run is on "
+                         f"{device}: set optimizer.ns_cuda_graph=false")
     if cfg.name == "adamw":
         # The fused kernel is the fastest AdamW on CUDA and on the CPU alike (results/bench_optimizer_cpu.md).
         return torch.optim.AdamW, dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=True)
@@ -62,7 +65,8 @@ def optimizer_class_and_arguments(cfg, device: torch.device = torch.device("cpu"
                           amsgrad=cfg.amsgrad, gamma=cfg.gamma, is_approx=cfg.is_approx, mars_type=cfg.mars_type,
                           optimize_1d=cfg.optimize_1d, lr_1d=cfg.lr_1d, betas_1d=tuple(cfg.betas_1d),
                           weight_decay_1d=cfg.weight_decay_1d, backend=cfg.backend,
-                          ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device), ns_form=cfg.ns_form)
+                          ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device), ns_form=cfg.ns_form,
+                          ns_cuda_graph=cfg.ns_cuda_graph)
     if cfg.name == "muon":
         from mars import Muon
 
@@ -72,13 +76,14 @@ def optimizer_class_and_arguments(cfg, device: torch.device = torch.device("cpu"
                           ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device),
                           adamw_variant=cfg.adamw_variant,
                           update_dtype=newton_schulz_dtype(cfg.update_dtype, key="update_dtype"),
-                          ns_form=cfg.ns_form)
+                          ns_form=cfg.ns_form, ns_cuda_graph=cfg.ns_cuda_graph)
     if cfg.name in ("mars-m", "moonlight"):
         from mars import MarsM, MarsMEfficient, Moonlight
 
         arguments = dict(lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, ns_steps=cfg.ns_steps,
                          adamw_betas=tuple(cfg.adamw_betas), adamw_eps=cfg.adamw_eps,
-                         ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device), ns_form=cfg.ns_form)
+                         ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device), ns_form=cfg.ns_form,
+                         ns_cuda_graph=cfg.ns_cuda_graph)
         if cfg.name == "moonlight":
             return Moonlight, dict(arguments, nesterov=cfg.nesterov)
         if cfg.memory_efficient:

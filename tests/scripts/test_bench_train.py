@@ -1,6 +1,8 @@
 """scripts.bench_train on a CPU: one row per optimizer, the phases that optimizer really has, the files."""
 import json
 
+import pytest
+
 from scripts import bench_train
 
 
@@ -30,3 +32,16 @@ def test_loss_chunk_sizes_add_a_row_per_size_beside_the_plain_loss(tmp_path):
         ("AdamW", 0), ("AdamW, loss in chunks of 12", 12)]
     assert record["loss_chunk_sizes"] == [0, 12]
     assert "| AdamW, loss in chunks of 12 | " in (tmp_path / "bench_train_cpu.md").read_text()
+
+
+def test_the_cuda_graph_rows_are_left_out_on_a_cpu_and_refused_when_asked_for(tmp_path, monkeypatch, capsys):
+    benched = []
+    monkeypatch.setattr(bench_train, "bench_optimizer",
+                        lambda label, *_: benched.append(label) or {"label": label, "step_ms": 1.0})
+    monkeypatch.setattr(bench_train, "markdown_table", lambda rows, device: "")
+    bench_train.main(["--device", "cpu", "--output-dir", str(tmp_path)])
+    assert bench_train.CUDA_ONLY == {"Muon CUDA graph", "Muon fused_gram CUDA graph"}
+    assert benched == [label for label in bench_train.OPTIMIZERS if label not in bench_train.CUDA_ONLY]
+    with pytest.raises(SystemExit) as exit:
+        bench_train.main(["--device", "cpu", "--optimizers", "Muon CUDA graph", "--output-dir", str(tmp_path)])
+    assert exit.value.code == 2 and "need a CUDA device" in capsys.readouterr().err

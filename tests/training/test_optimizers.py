@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 from configs.schema import register_configs
 from mars import MARS, MarsM, Moonlight, Muon
 from model import GPT, GPTConfig
-from training.optimizers import build_optimizer, newton_schulz_dtype, param_groups
+from training.optimizers import build_optimizer, newton_schulz_dtype, optimizer_class_and_arguments, param_groups
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 OPTIMIZERS = sorted(p.stem for p in Path(CONFIG_DIR, "optimizer").glob("*.yaml"))
@@ -132,6 +132,19 @@ def test_ns_form_defaults_to_the_authors_order_and_reaches_the_optimizer(optimiz
             cfg = compose(config_name="config", overrides=[f"optimizer={optimizer}", *overrides])
             groups = build_optimizer(cfg.optimizer, tiny_model()).param_groups
             assert {group["ns_form"] for group in groups} == {expected}
+
+
+@pytest.mark.parametrize("optimizer", ["mars-m", "moonlight", "muon", "mars-shampoo"])
+def test_ns_cuda_graph_is_off_by_default_reaches_a_cuda_optimizer_and_is_refused_on_the_cpu(optimizer):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=[f"optimizer={optimizer}"])
+        assert build_optimizer(cfg.optimizer, tiny_model()).ns_cuda_graph is False
+        cfg = compose(config_name="config", overrides=[f"optimizer={optimizer}", "optimizer.ns_cuda_graph=true"])
+        # The arguments only: building a CUDA optimizer needs no GPU, stepping one does.
+        _, arguments = optimizer_class_and_arguments(cfg.optimizer, torch.device("cuda"))
+        assert arguments["ns_cuda_graph"] is True
+        with pytest.raises(ValueError, match="optimizer.ns_cuda_graph=true .* on cpu: set optimizer.ns_cuda_graph"):
+            build_optimizer(cfg.optimizer, tiny_model())
 
 
 def test_the_memory_efficient_mars_m_has_no_exact_scheme():
