@@ -6,7 +6,6 @@ matrices' directions together (:func:`mars.newton_schulz.orthogonalise`) and app
 tensor (:data:`PER_TENSOR`, the reference's functions in a loop) or to whole lists at once
 (:mod:`mars.mars_m_foreach`, the same operations as ``torch._foreach_*`` ops).
 """
-from collections.abc import Callable
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
@@ -25,20 +24,16 @@ from mars.optimizer import (
     check_ns_dtype,
     check_non_negative,
     check_real_params,
+    each_tensor,
     Float32StateOptimizer,
     state_buffers,
     WeakProcessGroup,
 )
 
 
-def _each(rule: Callable[..., Any]) -> Callable[..., list[Any]]:
-    """The list form of a per-tensor ``rule``: ``rule`` applied to the tensors at each index of the lists."""
-    return lambda *lists, **hyper: [rule(*tensors, **hyper) for tensors in zip(*lists)]
-
-
 def _mars_m_momenta(grads, last_grads, momentum_buffers, *, remember_grad: bool, **hyper) -> list[Tensor]:
     """:func:`mars.reference.mars_m_momentum` tensor by tensor; with ``remember_grad``, then g_prev <- g."""
-    momenta = _each(reference.mars_m_momentum)(grads, last_grads, momentum_buffers, **hyper)
+    momenta = each_tensor(reference.mars_m_momentum)(grads, last_grads, momentum_buffers, **hyper)
     if remember_grad:
         for last_grad, grad in zip(last_grads, grads):
             last_grad.copy_(grad)
@@ -54,9 +49,9 @@ def _mars_m_adamw_steps(params, grads, exp_avgs, exp_avg_sqs, *, steps: list[int
 # The per-tensor path: the functions of mars.mars_m_foreach, computed by mars.reference one tensor at a time.
 PER_TENSOR = SimpleNamespace(
     mars_m_momenta=_mars_m_momenta,
-    mars_m_efficient_directions=_each(reference.mars_m_efficient_direction),
-    moonlight_directions=_each(reference.moonlight_direction),
-    apply_shape_scaled_updates=_each(reference.apply_shape_scaled_update),
+    mars_m_efficient_directions=each_tensor(reference.mars_m_efficient_direction),
+    moonlight_directions=each_tensor(reference.moonlight_direction),
+    apply_shape_scaled_updates=each_tensor(reference.apply_shape_scaled_update),
     mars_m_adamw_steps=_mars_m_adamw_steps,
 )
 

@@ -1,22 +1,25 @@
 """Muon, the baseline of the MARS paper, as its authors ran it (AGI-Arena/MARS ``optimizers/muon.py``,
 adapted from KellerJordan/modded-nanogpt), with their AdamW for the tensors that are not 2-D in the same object."""
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from mars import reference
+from mars import muon_foreach, reference
 from mars.cuda_graph import CapturedLists, CudaGraphedNewtonSchulz
 from mars.newton_schulz import check_ns_form, orthogonalise
 from mars.optimizer import (
+    advance_steps,
     check_betas,
     check_flags,
     check_ns_dtype,
     check_non_negative,
     check_real_params,
-    float32_zeros_like,
+    each_tensor,
     Float32StateOptimizer,
+    state_buffers,
     WeakProcessGroup,
 )
 
@@ -65,7 +68,13 @@ class Muon(CudaGraphedNewtonSchulz, Float32StateOptimizer):
     The group is held weakly (:class:`mars.optimizer.WeakProcessGroup`): Muon does not keep it alive.
     ``ns_cuda_graph=True`` (CUDA only) runs each group's Newton-Schulz as one CUDA graph, the same kernels without
     a launch each (:class:`mars.cuda_graph.CapturedLists`; it holds a copy of the matrices and their results).
+    ``foreach`` (None, the default, or True) steps the elementwise part (momentum, the scaled update, the authors'
+    AdamW) of each group's tensors together with ``torch._foreach_*`` ops (:mod:`mars.muon_foreach`: a few launches
+    per operation instead of one per tensor); False steps them tensor by tensor (:data:`PER_TENSOR`). The two give
+    the same results, on the CPU bit for bit. torch's AdamW (``adamw_variant="torch"``) runs tensor by tensor.
     """
+
+    foreach: bool | None = None  # also what optimizers pickled before the option read
 
     process_group = WeakProcessGroup()
     ADDED_OPTIONS = ("adamw_variant", "update_dtype", "ns_form")
@@ -88,11 +97,14 @@ class Muon(CudaGraphedNewtonSchulz, Float32StateOptimizer):
         update_dtype: torch.dtype = torch.bfloat16,
         ns_form: str = "products",
         ns_cuda_graph: bool = False,
+        foreach: bool | None = None,
     ):
         if not lr > 0.0:
             raise ValueError(f"lr must be > 0 (adamw_lr is applied as the ratio adamw_lr / lr), got {lr!r}")
         check_non_negative(adamw_lr=adamw_lr)
         check_flags(ns_cuda_graph=ns_cuda_graph)
+        if foreach is not None:
+            check_flags(foreach=foreach)
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, weight_decay=weight_decay,
             adamw_lr_ratio=adamw_lr / lr, adamw_betas=adamw_betas, adamw_eps=adamw_eps,
@@ -103,6 +115,7 @@ class Muon(CudaGraphedNewtonSchulz, Float32StateOptimizer):
         # Not a hyperparameter: kept out of param_groups, which state_dict() saves.
         self.process_group = process_group
         self.ns_cuda_graph = ns_cuda_graph
+        self.foreach = foreach
         self._check_ns_cuda_graph_devices()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -135,60 +148,80 @@ class Muon(CudaGraphedNewtonSchulz, Float32StateOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # Checked before any update so that an error leaves every parameter and its state untouched.
+        if any(p.grad is not None and p.grad.is_sparse for group in self.param_groups for p in group["params"]):
+            raise RuntimeError("Muon does not support sparse gradients; use dense gradients for this parameter")
         for group_index, group in enumerate(self.param_groups):
-            matrices = []
+            matrices, others = [], []
             for param in group["params"]:
-                if param.grad is None:
-                    continue
-                if param.grad.is_sparse:
-                    raise RuntimeError("Muon does not support sparse gradients; use dense gradients for this parameter")
-                if param.dim() == 2:
-                    matrices.append(param)
-                else:
-                    self._adamw_step(param, group)
+                if param.grad is not None:
+                    (matrices if param.dim() == 2 else others).append(param)
+            if others:
+                self._adamw_step(others, group)
             if matrices:
                 self._muon_step(matrices, group, self._newton_schulz_graph(group_index))
         return loss
 
     def __getstate__(self) -> dict[str, Any]:
-        # Optimizer.__getstate__ keeps only defaults, state and groups; the option survives a copy or pickle.
-        return {**super().__getstate__(), "ns_cuda_graph": self.ns_cuda_graph}
+        # Optimizer.__getstate__ keeps only defaults, state and groups; the options survive a copy or pickle.
+        return {**super().__getstate__(), "ns_cuda_graph": self.ns_cuda_graph, "foreach": self.foreach}
+
+    def _rules(self) -> ModuleType | SimpleNamespace:
+        """The list functions that step the tensors: foreach ops unless ``foreach=False``."""
+        return muon_foreach if self.foreach is not False else PER_TENSOR
 
     def _muon_step(self, params: list[Tensor], group: dict[str, Any], graph: CapturedLists | None) -> None:
         """Orthogonalised (Nesterov) momentum step of a group's 2-D tensors."""
-        directions = []
-        for param in params:
-            state = self.state[param]
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = float32_zeros_like(param)
-            momentum_buffer = state["momentum_buffer"]
-            grad = param.grad.float()
-            momentum_buffer.mul_(group["momentum"]).add_(grad)
-            directions.append(grad.add(momentum_buffer, alpha=group["momentum"]) if group["nesterov"]
-                              else momentum_buffer)
+        rules = self._rules()
+        states = [self.state[param] for param in params]
+        directions = rules.muon_directions([param.grad for param in params],
+                                           state_buffers(params, states, "momentum_buffer"),
+                                           momentum=group["momentum"], nesterov=group["nesterov"])
         update_dtype = group["update_dtype"]
         orthogonalised = orthogonalise(directions, group["ns_steps"], group["ns_dtype"], self.process_group,
                                        norm_in_dtype=update_dtype == torch.bfloat16, out_dtype=update_dtype,
                                        form=group["ns_form"], graph=graph)
-        lr = group["lr"]
-        for param, update in zip(params, orthogonalised):
-            shape_scale = max(1.0, param.size(0) / param.size(1)) ** 0.5
-            param32 = param.float()
-            param32.mul_(1.0 - lr * group["weight_decay"]).add_(update.mul_(shape_scale).float(), alpha=-lr)
-            param.copy_(param32)
+        rules.apply_muon_updates(params, orthogonalised, lr=group["lr"], weight_decay=group["weight_decay"])
 
-    def _adamw_step(self, param: Tensor, group: dict[str, Any]) -> None:
-        """AdamW step (the authors' or torch's) of one tensor that is not 2-D."""
-        state = self.state[param]
-        for key in ("exp_avg", "exp_avg_sq"):
-            if key not in state:
-                state[key] = float32_zeros_like(param)
-        state["step"] = state.get("step", 0) + 1
+    def _adamw_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
+        """AdamW step (the authors' or torch's) of a group's tensors that are not 2-D."""
+        states = [self.state[param] for param in params]
+        exp_avgs, exp_avg_sqs = state_buffers(params, states, "exp_avg"), state_buffers(params, states, "exp_avg_sq")
         beta1, beta2 = group["adamw_betas"]
-        hyper = dict(step=state["step"], lr=group["lr"] * group["adamw_lr_ratio"], beta1=beta1, beta2=beta2,
-                     eps=group["adamw_eps"], weight_decay=group["adamw_weight_decay"])
+        hyper = dict(steps=advance_steps(states), lr=group["lr"] * group["adamw_lr_ratio"], beta1=beta1,
+                     beta2=beta2, eps=group["adamw_eps"], weight_decay=group["adamw_weight_decay"])
+        grads = [param.grad for param in params]
         if group["adamw_variant"] == "authors":
-            reference.authors_adamw_step(param, param.grad, state["exp_avg"], state["exp_avg_sq"], **hyper)
+            self._rules().authors_adamw_steps(params, grads, exp_avgs, exp_avg_sqs, **hyper)
         else:
-            reference.adamw_step(param, param.grad, state["exp_avg"], state["exp_avg_sq"], None, **hyper,
-                                 amsgrad=False)
+            _torch_adamw_steps(params, grads, exp_avgs, exp_avg_sqs, **hyper)
+
+
+def apply_muon_update(param: Tensor, update: Tensor, *, lr: float, weight_decay: float) -> None:
+    """The authors' update of one matrix (``muon.py:87,104-116``): the orthogonalised ``update`` scaled in place, in
+    its own dtype, by sqrt(max(1, rows / cols)); then p <- p (1 - lr * weight_decay) - lr * update in float32."""
+    shape_scale = max(1.0, param.size(0) / param.size(1)) ** 0.5
+    param32 = param.float()
+    param32.mul_(1.0 - lr * weight_decay).add_(update.mul_(shape_scale).float(), alpha=-lr)
+    param.copy_(param32)
+
+
+def _authors_adamw_steps(params, grads, exp_avgs, exp_avg_sqs, *, steps: list[int], **hyper) -> None:
+    """:func:`mars.reference.authors_adamw_step` tensor by tensor, each at its own ``steps[i]``."""
+    for param, grad, exp_avg, exp_avg_sq, step in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
+        reference.authors_adamw_step(param, grad, exp_avg, exp_avg_sq, step=step, **hyper)
+
+
+def _torch_adamw_steps(params, grads, exp_avgs, exp_avg_sqs, *, steps: list[int], **hyper) -> None:
+    """torch's AdamW (:func:`mars.reference.adamw_step`), tensor by tensor on either path: the option that is not
+    the authors' keeps its reference form."""
+    for param, grad, exp_avg, exp_avg_sq, step in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
+        reference.adamw_step(param, grad, exp_avg, exp_avg_sq, None, step=step, **hyper, amsgrad=False)
+
+
+# The per-tensor path: the functions of mars.muon_foreach, one tensor at a time.
+PER_TENSOR = SimpleNamespace(
+    muon_directions=each_tensor(reference.moonlight_direction),
+    apply_muon_updates=each_tensor(apply_muon_update),
+    authors_adamw_steps=_authors_adamw_steps,
+)

@@ -9,7 +9,7 @@ import importlib.util
 import os
 import weakref
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import chain
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -518,6 +518,11 @@ def state_buffers(params: list[Tensor], states: list[dict[str, Any]], key: str,
         if key not in state:
             state[key] = float32_zeros_like(param)
     return [state[key] for state in states]
+
+
+def each_tensor(rule: Callable[..., Any]) -> Callable[..., list[Any]]:
+    """The list form of a per-tensor ``rule``: ``rule`` applied to the tensors at each index of the lists."""
+    return lambda *lists, **hyper: [rule(*tensors, **hyper) for tensors in zip(*lists)]
 
 
 def advance_steps(states: list[dict[str, Any]]) -> list[int]:

@@ -1,37 +1,42 @@
-"""MARS-M and Moonlight per step on GPT-2's parameters: the per-tensor path against the foreach path.
+"""MARS-M, Moonlight and Muon per step on GPT-2's parameters: the per-tensor path against the foreach path.
 
     python -m scripts.bench_mars_m --model-size small [--device cpu] [--ns-dtype float32] [--reps 5] [--step-reps 2]
 
-Times, for MARS-M (approximate, exact, memory-efficient) and Moonlight, each with ``foreach=False`` (the
-reference's rules tensor by tensor) and ``foreach=True`` (:mod:`mars.mars_m_foreach`), two things:
+Times, for MARS-M (approximate, exact, memory-efficient), Moonlight and Muon, each with ``foreach=False`` (the
+reference's rules tensor by tensor) and ``foreach=True`` (:mod:`mars.mars_m_foreach`, :mod:`mars.muon_foreach`),
+two things:
 
 * the elementwise part: everything ``step()`` does but Newton-Schulz, which is replaced by handing back the
   directions as the updates (the exact scheme's look-ahead stash included, as a trainer calls it);
 * the whole step, Newton-Schulz in ``--ns-dtype`` included.
 
 Parameters are grouped as the trainer groups them for these optimizers (``training.optimizers.matrix_rule_groups``):
-the matrices of the blocks take the matrix rule, the token and position embeddings and the 1-D tensors AdamW.
+the matrices of the blocks take the matrix rule, the token and position embeddings and the 1-D tensors AdamW;
+Muon, as its authors ran it, orthogonalises every matrix (the embeddings too) and gives the 1-D tensors AdamW.
 The two paths of an optimizer step the same parameters, interleaved, after ``--warmup`` untimed steps each.
 Writes a markdown table and JSON to ``results/bench_mars_m_<device>.{md,json}``.
 """
 import argparse
 import statistics
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 from unittest import mock
 
 import torch
 
-from mars import MarsM, MarsMEfficient, Moonlight, mars_m
+from mars import MarsM, MarsMEfficient, Moonlight, Muon, mars_m, muon
 from scripts.bench_optimizer import gpt2_shapes, make_params, make_timer, step_of
 from scripts.bench_report import run_record, write_report
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-OPTIMIZERS = {
-    "MARS-M approx": lambda groups, **options: MarsM(groups, lr=6e-3, weight_decay=1e-2, **options),
-    "MARS-M exact": lambda groups, **options: MarsM(groups, lr=6e-3, weight_decay=1e-2, is_approx=False, **options),
-    "MARS-M efficient": lambda groups, **options: MarsMEfficient(groups, lr=6e-3, weight_decay=1e-2, **options),
-    "Moonlight": lambda groups, **options: Moonlight(groups, lr=6e-3, weight_decay=0.1, **options),
+OPTIMIZERS = {  # label: optimizer of GPT-2's parameters (in gpt2_shapes order), grouped as the trainer groups them
+    "MARS-M approx": lambda params, **options: MarsM(gpt2_groups(params), lr=6e-3, weight_decay=1e-2, **options),
+    "MARS-M exact": lambda params, **options: MarsM(gpt2_groups(params), lr=6e-3, weight_decay=1e-2,
+                                                    is_approx=False, **options),
+    "MARS-M efficient": lambda params, **options: MarsMEfficient(gpt2_groups(params), lr=6e-3, weight_decay=1e-2,
+                                                                 **options),
+    "Moonlight": lambda params, **options: Moonlight(gpt2_groups(params), lr=6e-3, weight_decay=0.1, **options),
+    "Muon": lambda params, **options: Muon(params, lr=2e-2, **options),
 }
 PATHS = {"per-tensor": False, "foreach": True}
 PARTS = ("elementwise", "whole step")
@@ -47,15 +52,17 @@ def gpt2_groups(params: list[torch.nn.Parameter]) -> list[dict]:
 def newton_schulz_left_out() -> AbstractContextManager:
     """A context in which the optimizers' Newton-Schulz hands back the directions as the updates: their steps are
     the elementwise part alone."""
-    return mock.patch.object(mars_m, "orthogonalise", lambda directions, *args, **kwargs: directions)
+    stack = ExitStack()
+    for module in (mars_m, muon):
+        stack.enter_context(mock.patch.object(module, "orthogonalise", lambda directions, *args, **kwargs: directions))
+    return stack
 
 
 def time_paths(label: str, params: list[torch.nn.Parameter], ns_dtype: torch.dtype, reps: dict[str, int],
                warmup: int, timer) -> dict[str, dict[str, list[float]]]:
     """Milliseconds of each timed step of optimizer ``label``, per part (``reps[part]`` steps) and path, the paths
     interleaved."""
-    groups = gpt2_groups(params)
-    steps = {path: step_of(OPTIMIZERS[label](groups, ns_dtype=ns_dtype, foreach=foreach))
+    steps = {path: step_of(OPTIMIZERS[label](params, ns_dtype=ns_dtype, foreach=foreach))
              for path, foreach in PATHS.items()}
     times = {}
     for part, part_reps in reps.items():
@@ -113,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
                          for part, paths in label_times.items()} for label, label_times in times.items()}
     record = run_record("bench_mars_m", argv, device, model_size=args.model_size, num_params=num_params,
                         ns_dtype=ns_dtype, reps=reps, warmup=args.warmup, median_ms=median_ms, all_ms=times)
-    title = (f"MARS-M and Moonlight, one step on GPT-2 {args.model_size} ({num_params / 1e6:.1f}M params), "
+    title = (f"MARS-M, Moonlight and Muon, one step on GPT-2 {args.model_size} ({num_params / 1e6:.1f}M params), "
              f"per-tensor and foreach paths" + (f" (Newton-Schulz in {ns_dtype})" if "whole step" in reps else ""))
     write_report(args.output_dir, f"bench_mars_m_{device.type}", title, record, markdown_table(times))
 

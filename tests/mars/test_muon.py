@@ -348,6 +348,8 @@ def test_a_pickle_made_before_the_authors_options_unpickles_with_their_defaults(
         (dict(update_dtype="bfloat16"), "update_dtype"),
         (dict(ns_form="fused"), "ns_form"),
         (dict(ns_form="gram", update_dtype=torch.float32), "ns_form='gram'"),
+        (dict(foreach=1), "foreach"),
+        (dict(ns_cuda_graph=None), "ns_cuda_graph"),
     ],
 )
 def test_invalid_argument_raises_value_error_naming_it(kwargs, argument):
@@ -358,3 +360,108 @@ def test_invalid_argument_raises_value_error_naming_it(kwargs, argument):
 def test_complex_params_are_rejected():
     with pytest.raises(ValueError, match="complex"):
         Muon([torch.nn.Parameter(torch.zeros(2, 2, dtype=torch.complex64))])
+
+
+# The foreach path (mars.muon_foreach) against the per-tensor path (PER_TENSOR), which the tests above pin to the
+# authors' code: the same operations in the same order, so on the CPU the same bits.
+FOREACH_SHAPES = [(12, 4), (12, 4), (4, 12), (8, 8), (16, 4), (9,), (4,), (2, 3, 2)]  # three shape scales; a 3-D
+
+
+def run_muon(initial, grads_per_step, **options):
+    params = [torch.nn.Parameter(p.clone()) for p in initial]
+    optimizer = Muon(params, lr=0.02, weight_decay=0.05, **options)
+    for step, grads in enumerate(grads_per_step):
+        idle = {4, 6} if step % 3 == 2 else set()  # a matrix and a vector without gradients: skipped, so their
+        for index, (param, grad) in enumerate(zip(params, grads)):  # AdamW steps fall behind the others'
+            param.grad = None if index in idle else grad.clone()
+        for group in optimizer.param_groups:
+            group["lr"] = 0.02 / (1 + step)  # a schedule
+        optimizer.step()
+    return optimizer, params
+
+
+def random_grads(shapes, steps, dtype, seed):
+    generator = torch.Generator().manual_seed(seed)
+    initial = [torch.randn(shape, generator=generator).to(dtype) for shape in shapes]
+    grads = [[(torch.randn(shape, generator=generator) * 10.0 ** -(step % 3)).to(dtype) for shape in shapes]
+             for step in range(steps)]
+    return initial, grads
+
+
+def assert_same_params_and_state(a, a_params, b, b_params):
+    for pa, pb in zip(a_params, b_params):
+        torch.testing.assert_close(pa.detach(), pb.detach(), rtol=0, atol=0)
+        assert set(a.state[pa]) == set(b.state[pb])
+        for key, value in a.state[pa].items():
+            expected = b.state[pb][key]
+            assert torch.equal(value, expected) if torch.is_tensor(value) else value == expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("options", [
+    dict(),  # the authors': bfloat16 updates, their AdamW, Nesterov
+    dict(nesterov=False),
+    dict(update_dtype=torch.float32, ns_form="fused_gram"),
+    dict(adamw_variant="torch"),
+], ids=["authors", "no-nesterov", "float32-updates", "torch-adamw"])
+def test_foreach_steps_bit_for_bit_as_the_per_tensor_path(dtype, options):
+    initial, grads = random_grads(FOREACH_SHAPES, 7, dtype, seed=30)
+    per_tensor, per_tensor_params = run_muon(initial, grads, ns_dtype=torch.float32, foreach=False, **options)
+    foreach, foreach_params = run_muon(initial, grads, ns_dtype=torch.float32, **options)
+    assert foreach.foreach is None  # the default takes foreach ops
+    assert_same_params_and_state(foreach, foreach_params, per_tensor, per_tensor_params)
+    moved = [not torch.equal(p.detach(), q) for p, q in zip(foreach_params, initial)]
+    assert all(moved)  # every tensor took steps: nothing compared equal by standing still
+
+
+@pytest.mark.parametrize("foreach, path_taken", [(True, True), (False, False), (None, True)])
+def test_foreach_option_chooses_the_path(foreach, path_taken, monkeypatch):
+    from mars import muon_foreach
+
+    calls = []
+    for function in ("muon_directions", "apply_muon_updates", "authors_adamw_steps"):
+        original = getattr(muon_foreach, function)
+        monkeypatch.setattr(muon_foreach, function,
+                            lambda *args, original=original, **kwargs: calls.append(1) or original(*args, **kwargs))
+    params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))]
+    optimizer = Muon(params, ns_dtype=torch.float32, foreach=foreach)
+    for param in params:
+        param.grad = torch.randn(param.shape)
+    optimizer.step()
+    assert len(calls) == (3 if path_taken else 0)
+
+
+@pytest.mark.parametrize("saved_by_foreach", [False, None])
+def test_a_state_dict_saved_by_either_path_resumes_on_the_other_identically(saved_by_foreach):
+    initial, grads = random_grads(FOREACH_SHAPES, 6, torch.float32, seed=31)
+    optimizer, params = run_muon(initial, grads[:3], ns_dtype=torch.float32, foreach=saved_by_foreach)
+    resumed_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    resumed = Muon(resumed_params, lr=0.02, weight_decay=0.05, ns_dtype=torch.float32,
+                   foreach=False if saved_by_foreach is None else None)
+    resumed.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    for step_grads in grads[3:]:
+        for opt, opt_params in ((optimizer, params), (resumed, resumed_params)):
+            for param, grad in zip(opt_params, step_grads):
+                param.grad = grad.clone()
+            opt.step()
+    assert_same_params_and_state(optimizer, params, resumed, resumed_params)
+
+
+def test_a_pickle_from_before_the_foreach_option_takes_foreach_and_keeps_it_after():
+    optimizer, _ = stepped_muon(foreach=False)
+    assert pickle.loads(pickle.dumps(optimizer)).foreach is False
+    state = optimizer.__getstate__()
+    del state["foreach"]  # what a pickle made before the option holds
+    restored = Muon.__new__(Muon)
+    restored.__setstate__(state)
+    assert restored.foreach is None
+
+
+def test_a_sparse_gradient_is_refused_before_any_tensor_steps():
+    matrix, vector = torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))
+    optimizer = Muon([vector, matrix])
+    vector.grad, matrix.grad = torch.randn(3), torch.randn(4, 3).to_sparse()
+    before = vector.detach().clone()
+    with pytest.raises(RuntimeError, match="sparse"):
+        optimizer.step()
+    assert torch.equal(vector.detach(), before) and not optimizer.state

@@ -2,6 +2,7 @@
 really leaves Newton-Schulz out."""
 import json
 
+import pytest
 import torch
 
 from mars.newton_schulz import orthogonalise
@@ -24,16 +25,17 @@ def test_times_every_optimizer_part_and_path_and_writes_the_table_and_json(tmp_p
         assert all(min(ms) > 0 for paths in parts.values() for ms in paths.values())
     table = (tmp_path / "bench_mars_m_cpu.md").read_text()
     assert "| MARS-M exact | elementwise |" in table and "| Moonlight | whole step |" in table
+    assert "| Muon | elementwise |" in table
     assert "`python -m scripts.bench_mars_m --device cpu --reps 2" in table
 
 
-def test_the_elementwise_part_leaves_newton_schulz_out_and_the_whole_step_runs_it(monkeypatch):
+@pytest.mark.parametrize("label, module", [("MARS-M exact", "mars_m"), ("Muon", "muon")])
+def test_the_elementwise_part_leaves_newton_schulz_out_and_the_whole_step_runs_it(monkeypatch, label, module):
     calls = []
-    monkeypatch.setattr(bench_mars_m.mars_m, "orthogonalise",
+    monkeypatch.setattr(getattr(bench_mars_m, module), "orthogonalise",
                         lambda *args, **kwargs: calls.append(1) or orthogonalise(*args, **kwargs))
     params = make_params(TINY_SHAPES, torch.device("cpu"))
-    step = step_of(bench_mars_m.OPTIMIZERS["MARS-M exact"](bench_mars_m.gpt2_groups(params),
-                                                            ns_dtype=torch.float32))
+    step = step_of(bench_mars_m.OPTIMIZERS[label](params, ns_dtype=torch.float32))
     with bench_mars_m.newton_schulz_left_out():
         step()
     assert calls == []
