@@ -239,7 +239,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
             if start_step >= t.max_iters:
                 log.info("already at train.max_iters=%d: nothing to do (raise train.max_iters to train on)",
                          t.max_iters)
-    train_model = wrap_data_parallel(torch.compile(model) if t.compile else model, ctx)
+    train_model = wrap_data_parallel(torch.compile(model, mode=t.compile_mode) if t.compile else model, ctx)
 
     metrics = MetricsLogger(run_dir, cfg.wandb, config_dict, cfg.wandb.run_name or default_run_name(cfg),
                             wandb_run_id, enabled=ctx.is_main)
@@ -255,6 +255,8 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
     if t.grad_multiplier != 1:
         log.info("the optimizer receives %g x the mean gradient (train.grad_multiplier), clipped at %g",
                  t.grad_multiplier, t.grad_clip)
+    if t.compile:
+        log.info("the model runs under torch.compile (mode %s, train.compile_mode)", t.compile_mode)
     if model.loss_chunk_size:
         log.info("the loss and its gradients are computed %d tokens at a time (train.loss_chunk_size): the full "
                  "logits are never held", model.loss_chunk_size)

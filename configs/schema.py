@@ -189,6 +189,9 @@ class TrainConfig:
     tf32: bool = False  # TF32 matmuls and cuDNN convolutions on CUDA, as the MARS authors' trainer (presets: true)
     dtype: Precision = Precision.auto
     compile: bool = False
+    # torch.compile's mode when compile is true: default, reduce-overhead (CUDA graphs), max-autotune (Triton
+    # matmul templates searched, CUDA graphs) or max-autotune-no-cudagraphs; the numerics stay the model's.
+    compile_mode: str = "default"
     # Tokens per chunk of the head's chunked cross-entropy (model/loss.py): the loss and its gradients are
     # computed chunk by chunk and the full logits are never held. 0: the plain head and loss (the default).
     loss_chunk_size: int = 0
@@ -205,6 +208,9 @@ class TrainConfig:
     hellaswag_items: Optional[int] = None  # evaluate the first N items only; null: all 10,042
     max_skipped_steps: int = 0  # steps with a NaN/inf loss or gradient to skip before stopping; 0 stops at once
     zero1: bool = False  # shard the optimizer state across DDP ranks (ZeRO stage 1)
+
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 
 
 @dataclass
@@ -323,6 +329,10 @@ def validate(cfg) -> None:
              f"train.hellaswag_items must be positive or null (all), got {t.hellaswag_items}")
     _require(t.loss_chunk_size >= 0, f"train.loss_chunk_size must be >= 0 tokens (0: the plain loss), got "
              f"{t.loss_chunk_size}")
+    _require(t.compile_mode in COMPILE_MODES,
+             f"train.compile_mode must be one of {', '.join(COMPILE_MODES)}, got {t.compile_mode!r}")
+    _require(t.compile or t.compile_mode == "default",
+             f"train.compile_mode={t.compile_mode} is torch.compile's mode: set train.compile=true with it")
     _require(t.max_skipped_steps >= 0, f"train.max_skipped_steps must be >= 0, got {t.max_skipped_steps}")
     _require(t.grad_clip >= 0.0, f"train.grad_clip must be >= 0 (0 disables it), got {t.grad_clip}")
     _require(t.grad_multiplier > 0.0, f"train.grad_multiplier must be positive (1: the mean gradient), got "

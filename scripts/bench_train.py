@@ -29,7 +29,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from configs.schema import Precision, register_configs
+from configs.schema import COMPILE_MODES, Precision, register_configs
 from data.loader import build_batches
 from model import GPT, GPTConfig
 from scripts.bench_optimizer import device_name
@@ -73,11 +73,13 @@ class Stopwatch:
         return result, 1000.0 * (time.perf_counter() - start)
 
 
-def row_label(optimizer: str, loss_chunk_size: int) -> str:
-    return optimizer if loss_chunk_size == 0 else f"{optimizer}, loss in chunks of {loss_chunk_size}"
+def row_label(optimizer: str, loss_chunk_size: int, compile_mode: str = "default") -> str:
+    label = optimizer if loss_chunk_size == 0 else f"{optimizer}, loss in chunks of {loss_chunk_size}"
+    return label if compile_mode == "default" else f"{label}, compile mode {compile_mode}"
 
 
-def bench_optimizer(optimizer_label: str, loss_chunk_size: int, args, device: torch.device) -> dict:
+def bench_optimizer(optimizer_label: str, loss_chunk_size: int, args, device: torch.device,
+                    compile_mode: str = "default") -> dict:
     muon = [f"optimizer.ns_dtype={args.ns_dtype}"] if optimizer_label.startswith("Muon") else []
     cfg = compose_config(args.model, OPTIMIZERS[optimizer_label] + muon + args.override)
     torch.manual_seed(0)
@@ -85,7 +87,7 @@ def bench_optimizer(optimizer_label: str, loss_chunk_size: int, args, device: to
     model = GPT(model_config).to(device)
     model.loss_chunk_size = loss_chunk_size  # as train.py sets train.loss_chunk_size
     optimizer = build_optimizer(cfg.optimizer, model)
-    train_model = torch.compile(model) if args.compile else model
+    train_model = torch.compile(model, mode=compile_mode) if args.compile else model  # as train.compile_mode
     dtype = resolve_dtype(Precision(args.dtype), device)
     autocast = autocast_context(device, dtype)
     batches = build_batches(cfg.data, "train", batch_size=args.batch_size, block_size=args.block_size,
@@ -131,8 +133,9 @@ def bench_optimizer(optimizer_label: str, loss_chunk_size: int, args, device: to
     tokens_per_s = args.batch_size * args.block_size / (step_ms / 1000)
     flops = peak_flops(device)
     return {
-        "label": row_label(optimizer_label, loss_chunk_size), "optimizer": optimizer_label,
-        "loss_chunk_size": loss_chunk_size, "step_ms": step_ms, "tokens_per_s": tokens_per_s,
+        "label": row_label(optimizer_label, loss_chunk_size, compile_mode), "optimizer": optimizer_label,
+        "loss_chunk_size": loss_chunk_size, "compile_mode": compile_mode, "step_ms": step_ms,
+        "tokens_per_s": tokens_per_s,
         "mfu": tokens_per_s * model_config.flops_per_token(args.block_size) / flops if flops else None,
         "phase_ms": {phase: statistics.median(ms) for phase, ms in phases.items()},
         "peak_memory_gib": (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
@@ -164,6 +167,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--dtype", choices=[p.value for p in Precision], default="auto")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model, as train.compile=true")
+    parser.add_argument("--compile-modes", nargs="+", choices=COMPILE_MODES, default=["default"], metavar="MODE",
+                        help="with --compile, a row per optimizer and torch.compile mode (train.compile_mode): "
+                             f"{', '.join(COMPILE_MODES)}")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per row (median reported)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, state)")
     parser.add_argument("--loss-chunk-sizes", nargs="+", type=int, default=[0], metavar="N",
@@ -176,6 +182,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
+    if args.compile_modes != ["default"] and not args.compile:
+        parser.error("--compile-modes are torch.compile's modes: add --compile")
     if min(args.loss_chunk_sizes) < 0:
         parser.error("--loss-chunk-sizes must be >= 0 (0: the plain loss)")
     device = torch.device(args.device)
@@ -186,14 +194,16 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for optimizer_label in args.optimizers:
         for loss_chunk_size in args.loss_chunk_sizes:
-            rows.append(bench_optimizer(optimizer_label, loss_chunk_size, args, device))
-            print(f"{rows[-1]['label']}: {rows[-1]['step_ms']:.1f} ms/step", file=sys.stderr)
+            for compile_mode in args.compile_modes:
+                rows.append(bench_optimizer(optimizer_label, loss_chunk_size, args, device, compile_mode))
+                print(f"{rows[-1]['label']}: {rows[-1]['step_ms']:.1f} ms/step", file=sys.stderr)
     table = markdown_table(rows, device)
     command = "python -m scripts.bench_train " + shlex.join(argv if argv is not None else sys.argv[1:])
     record = {"command": command, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "device": device_name(device), "torch": torch.__version__, "model": args.model,
               "batch_size": args.batch_size, "block_size": args.block_size, "dtype": args.dtype,
-              "compile": args.compile, "loss_chunk_sizes": args.loss_chunk_sizes, "steps": args.steps,
+              "compile": args.compile, "compile_modes": args.compile_modes,
+              "loss_chunk_sizes": args.loss_chunk_sizes, "steps": args.steps,
               "warmup": args.warmup, "rows": rows}
     header = (f"# Training step per optimizer, {args.model}, {args.batch_size} x {args.block_size} tokens\n\n"
               f"{record['device']}, torch {torch.__version__}, {record['date']}\n\n`{command}`\n\n")

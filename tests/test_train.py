@@ -168,3 +168,18 @@ def test_resuming_a_finished_run_says_so_and_a_longer_run_says_its_schedule_stre
     assert "the lr schedule now reaches train.min_lr at step 8 instead of the checkpoint's 4" in longer.stdout
     assert "nothing to do" not in longer.stdout
     assert [r["step"] for r in metrics(tmp_path) if "val/loss" in r] == [0, 4, 8]
+
+
+@pytest.mark.slow
+def test_a_compiled_run_follows_the_eager_run(tmp_path):
+    # reduce-overhead: the mode reaches torch.compile (on a CPU it compiles as the default mode: CUDA graphs are
+    # for CUDA tensors only).
+    run = (*SMALL, "train.max_iters=3", "train.eval_interval=3")
+    run_train(tmp_path / "eager", *run)
+    compiled_run = run_train(tmp_path / "compiled", *run, "train.compile=true", "train.compile_mode=reduce-overhead")
+    assert "torch.compile (mode reduce-overhead" in compiled_run.stdout + compiled_run.stderr
+    eager, compiled = metrics(tmp_path / "eager"), metrics(tmp_path / "compiled")
+    assert [r["step"] for r in compiled] == [r["step"] for r in eager]
+    for key in ("train/loss", "val/loss", "grad_norm"):  # fused kernels round differently: not bit for bit
+        expected = [r[key] for r in eager if key in r]
+        assert expected and [r[key] for r in compiled if key in r] == pytest.approx(expected, rel=1e-5), key

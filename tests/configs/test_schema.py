@@ -80,6 +80,15 @@ def test_out_of_range_values_are_rejected_naming_the_key(override, key):
         validate(load(override))
 
 
+def test_compile_mode_is_one_of_torch_compiles_and_needs_compile():
+    with pytest.raises(ConfigError, match="train.compile_mode must be one of default, reduce-overhead, max-autotune, "
+                                          "max-autotune-no-cudagraphs, got 'fast'"):
+        validate(load("train.compile=true", "train.compile_mode=fast"))
+    with pytest.raises(ConfigError, match="set train.compile=true with it"):
+        validate(load("train.compile_mode=max-autotune"))
+    validate(load("train.compile=true", "train.compile_mode=max-autotune-no-cudagraphs"))
+
+
 def test_muon_refuses_a_min_lr_above_its_adamw_part_lr():
     with pytest.raises(ConfigError, match=r"train\.min_lr \(0\.005\) must not exceed optimizer\.adamw_lr"):
         validate(load("optimizer=muon", "train.min_lr=5e-3"))

@@ -45,3 +45,17 @@ def test_the_cuda_graph_rows_are_left_out_on_a_cpu_and_refused_when_asked_for(tm
     with pytest.raises(SystemExit) as exit:
         bench_train.main(["--device", "cpu", "--optimizers", "Muon CUDA graph", "--output-dir", str(tmp_path)])
     assert exit.value.code == 2 and "need a CUDA device" in capsys.readouterr().err
+
+
+def test_compile_modes_add_a_row_per_mode_and_need_compile(tmp_path, monkeypatch, capsys):
+    benched = []
+    monkeypatch.setattr(bench_train, "bench_optimizer", lambda label, chunk, args, device, mode: benched.append(
+        bench_train.row_label(label, chunk, mode)) or {"label": benched[-1], "step_ms": 1.0})
+    monkeypatch.setattr(bench_train, "markdown_table", lambda rows, device: "")
+    bench_train.main(["--device", "cpu", "--compile", "--compile-modes", "default", "max-autotune-no-cudagraphs",
+                      "--optimizers", "AdamW", "--loss-chunk-sizes", "0", "64", "--output-dir", str(tmp_path)])
+    assert benched == ["AdamW", "AdamW, compile mode max-autotune-no-cudagraphs", "AdamW, loss in chunks of 64",
+                       "AdamW, loss in chunks of 64, compile mode max-autotune-no-cudagraphs"]
+    with pytest.raises(SystemExit):
+        bench_train.main(["--device", "cpu", "--compile-modes", "max-autotune", "--output-dir", str(tmp_path)])
+    assert "add --compile" in capsys.readouterr().err
