@@ -16,6 +16,9 @@ every 2-D tensor), from float32 inputs as the optimizers hand them over, along t
   optimizers' default form, timed one rank after another on this one device; the slowest rank's time is what a
   DDP step waits for (the all-reduce that hands the results round is not timed).
 
+With ``--profile``, one call of each path runs again under ``torch.profiler``: where its time goes (on CUDA, how
+much of the wall time the GPU was busy and how many kernels it ran), in ``profile_newton_schulz_<device>.md``.
+
 The floor of each path is its matrix-product flops (``newton_schulz_flops``) at the rate one large square
 product reaches in ``ns_dtype`` on the same device in the same run. Writes a markdown table and JSON to
 ``results/bench_newton_schulz_<device>.{md,json}``.
@@ -27,10 +30,13 @@ import json
 import shlex
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity
 
 from mars.cuda_graph import CapturedLists
 from mars.newton_schulz import NS_FORMS, assign_owners, newton_schulz5, newton_schulz_flops, orthogonalise
@@ -75,9 +81,9 @@ def matmul_tflops(dtype: torch.dtype, device: torch.device, timer, reps: int) ->
     return 2 * size**3 / ms / 1e9
 
 
-def time_paths(matrices: list[torch.Tensor], dtype: torch.dtype, reps: int, timer, *, compile: bool = False,
-               only: list[str] | None = None) -> dict[str, dict[str, float]]:
-    """Label -> {"ms": median milliseconds, "tflop": its matrix-product work}; shared paths by their slowest rank."""
+def build_paths(matrices: list[torch.Tensor], dtype: torch.dtype, *, compile: bool = False,
+                only: list[str] | None = None) -> dict[str, tuple[str, Callable]]:
+    """Label -> (form, function of the matrices) of every path this run times (``only``: those labels)."""
     paths = eager_paths(dtype)
     if compile:
         paths |= compiled_paths(dtype)
@@ -90,6 +96,16 @@ def time_paths(matrices: list[torch.Tensor], dtype: torch.dtype, reps: int, time
         if unknown:
             raise SystemExit(f"--paths: unknown {unknown}; choose from {sorted(paths)}")
         paths = {label: paths[label] for label in only}
+    return paths
+
+
+def time_paths(matrices: list[torch.Tensor], dtype: torch.dtype, reps: int, timer, *, compile: bool = False,
+               only: list[str] | None = None,
+               paths: dict[str, tuple[str, Callable]] | None = None) -> dict[str, dict[str, float]]:
+    """Label -> {"ms": median milliseconds, "tflop": its matrix-product work}; shared paths by their slowest rank.
+
+    ``paths`` as :func:`build_paths` makes them (by default from ``compile`` and ``only``)."""
+    paths = paths if paths is not None else build_paths(matrices, dtype, compile=compile, only=only)
     shares = {}
     for world_size in WORLD_SIZES:
         owners = assign_owners([m.shape for m in matrices], world_size)
@@ -120,6 +136,39 @@ def time_paths(matrices: list[torch.Tensor], dtype: torch.dtype, reps: int, time
     return result
 
 
+def profile_paths(paths: dict[str, tuple[str, Callable]], matrices: list[torch.Tensor]) -> str:
+    """Markdown: where one call of each path spends its time, by ``torch.profiler``: the call's wall time (with the
+    profiler's own overhead), on CUDA how long the GPU was busy and how many kernels it ran, and the operators
+    that took most of it. A GPU busy for a small part of the wall time waits on launches from the host."""
+    device = matrices[0].device
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sections = []
+    for label, (_, fn) in paths.items():
+        fn(matrices)  # compiled, captured and warm before the profile
+        synchronize(device)
+        with torch.profiler.profile(activities=activities) as profile:
+            start = time.perf_counter()
+            fn(matrices)
+            synchronize(device)
+            wall_ms = 1000.0 * (time.perf_counter() - start)
+        summary = f"{wall_ms:.1f} ms wall time under the profiler"
+        if cuda:
+            kernels = [event for event in profile.events() if event.device_type == DeviceType.CUDA]
+            busy_ms = sum(event.device_time_total for event in kernels) / 1000.0
+            summary += (f"; the GPU busy {busy_ms:.1f} ms of it ({busy_ms / wall_ms:.0%}), running {len(kernels)} "
+                        "kernels and copies")
+        table = profile.key_averages().table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total",
+                                             row_limit=12)
+        sections.append(f"## {label}\n\n{summary}\n\n```\n{table}\n```")
+    return "\n\n".join(sections)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -128,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd Newton-Schulz")
     parser.add_argument("--paths", nargs="+", metavar="LABEL", help="time only these paths (labels as in the table)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile one call of each path (torch.profiler): profile_newton_schulz_<device>.md")
     parser.add_argument("--output-dir", type=Path, default=Path("results"))
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -137,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
     matrices = [torch.randn(shape, device=device) for shape in gpt2_shapes(args.model_size) if len(shape) == 2]
     timer = make_timer(device)
     tflops = matmul_tflops(dtype, device, timer, args.reps)
-    times = time_paths(matrices, dtype, args.reps, timer, compile=args.compile, only=args.paths)
+    paths = build_paths(matrices, dtype, compile=args.compile, only=args.paths)
+    times = time_paths(matrices, dtype, args.reps, timer, paths=paths)
     baseline = times[BASELINE]["ms"] if BASELINE in times else None
     lines = [f"| path | ms per step | TFLOP | floor ms | vs floor | vs {BASELINE} |", "|---|---:|---:|---:|---:|---:|"]
     for label, row in times.items():
@@ -159,6 +211,10 @@ def main(argv: list[str] | None = None) -> None:
     stem = args.output_dir / f"bench_newton_schulz_{device.type}"
     stem.with_suffix(".md").write_text(header + "\n".join(lines) + "\n")
     stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    if args.profile:
+        profiles = header.split("\n\nFloor:")[0].replace("# Newton-Schulz", "# Where the time goes: Newton-Schulz", 1)
+        (args.output_dir / f"profile_newton_schulz_{device.type}.md").write_text(
+            f"{profiles}\n\n{profile_paths(paths, matrices)}\n")
 
 
 if __name__ == "__main__":

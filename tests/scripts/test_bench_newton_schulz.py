@@ -38,3 +38,15 @@ def test_compiled_paths_run_and_the_script_writes_its_table(tmp_path, monkeypatc
     assert record["matmul_tflops"] > 0
     table = (tmp_path / "bench_newton_schulz_cpu.md").read_text()
     assert "| fused_gram, one at a time, torch.compile |" in table
+
+
+def test_profile_writes_where_the_time_of_each_path_goes(tmp_path, monkeypatch):
+    monkeypatch.setattr("scripts.bench_newton_schulz.gpt2_shapes", lambda size: [(48, 16), (16, 48), (16,)])
+    labels = ["products, one at a time", "fused_gram, batched by shape"]
+    main(["--device", "cpu", "--reps", "1", "--profile", "--output-dir", str(tmp_path), "--paths", *labels])
+    profile = (tmp_path / "profile_newton_schulz_cpu.md").read_text()
+    assert "bench_newton_schulz --device cpu --reps 1 --profile" in profile
+    sections = profile.split("\n## ")[1:]
+    assert [section.splitlines()[0] for section in sections] == labels
+    assert "aten::mm " in sections[0] and "aten::addmm " in sections[1]  # each path's own products
+    assert all("ms wall time under the profiler" in section for section in sections)
