@@ -23,7 +23,7 @@ from mars.mars_m_foreach import moonlight_directions
 muon_directions = moonlight_directions
 
 
-def _by_value(values: list[float]) -> dict[float, list[int]]:
+def by_value(values: list[float]) -> dict[float, list[int]]:
     """The indices of each distinct value."""
     indices = defaultdict(list)
     for index, value in enumerate(values):
@@ -31,28 +31,38 @@ def _by_value(values: list[float]) -> dict[float, list[int]]:
     return indices
 
 
-def _write_back(params: list[Tensor], works: list[Tensor]) -> None:
+def write_back(params: list[Tensor], works: list[Tensor]) -> None:
     """Copy each float32 working copy into its parameter (those that are their own working copy are done)."""
     copied = [(param, work) for param, work in zip(params, works) if work is not param]
     if copied:
         torch._foreach_copy_([param for param, _ in copied], [work for _, work in copied])
 
 
+def scale_in_place(tensors: list[Tensor], scales: list[float]) -> None:
+    """tensors[i].mul_(scales[i]) for every tensor, rounded as that per-tensor op rounds in the tensor's dtype.
+
+    The product is taken in float32 and rounded once into the tensor: torch's CPU foreach multiply would round the
+    scalar itself to a bfloat16 tensor's dtype first. Scales of 1 are skipped (exact)."""
+    for scale, indices in by_value(scales).items():
+        if scale != 1.0:
+            scaled = [tensors[i] for i in indices]
+            torch._foreach_copy_(scaled, torch._foreach_mul([tensor.float() for tensor in scaled], scale))
+
+
+def shape_scales(params: list[Tensor]) -> list[float]:
+    """sqrt(max(1, rows / cols)) of each matrix: the scale of its orthogonalised update (Muon, MARS-Shampoo)."""
+    return [max(1.0, param.size(0) / param.size(1)) ** 0.5 for param in params]
+
+
 @torch.no_grad()
 def apply_muon_updates(params: list[Tensor], updates: list[Tensor], *, lr: float, weight_decay: float) -> None:
     """``mars.muon.apply_muon_update`` of every matrix: each update scaled in place, in its own dtype, by
     sqrt(max(1, rows / cols)), then p <- p (1 - lr * weight_decay) - lr * update on a float32 copy."""
-    scales = [max(1.0, param.size(0) / param.size(1)) ** 0.5 for param in params]
-    for scale, indices in _by_value(scales).items():
-        if scale != 1.0:  # multiplying by 1 is exact: no pass needed
-            scaled = [updates[i] for i in indices]
-            # The product in float32, rounded once into the update's dtype, as update.mul_(scale) rounds: torch's
-            # CPU foreach multiply would round the scalar itself to bfloat16 first.
-            torch._foreach_copy_(scaled, torch._foreach_mul([update.float() for update in scaled], scale))
+    scale_in_place(updates, shape_scales(params))
     works = [param.float() for param in params]
     torch._foreach_mul_(works, 1.0 - lr * weight_decay)
     torch._foreach_add_(works, [update.float() for update in updates], alpha=-lr)
-    _write_back(params, works)
+    write_back(params, works)
 
 
 @torch.no_grad()
@@ -71,7 +81,7 @@ def authors_adamw_steps(params: list[Tensor], grads: list[Tensor], exp_avgs: lis
     deltas = torch._foreach_mul(works, weight_decay)
     torch._foreach_addcdiv_(deltas, exp_avgs, denominators)
     step_sizes = [lr * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step) for step in steps]
-    for step_size, indices in _by_value(step_sizes).items():
+    for step_size, indices in by_value(step_sizes).items():
         torch._foreach_mul_([deltas[i] for i in indices], -step_size)
     torch._foreach_add_(works, deltas)
-    _write_back(params, works)
+    write_back(params, works)

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from mars import reference
+from mars import reference, shampoo_foreach
 from mars.cuda_graph import CapturedLists, CudaGraphedNewtonSchulz
 from mars.newton_schulz import check_ns_form, orthogonalise
 
@@ -451,23 +451,17 @@ class MARS(CudaGraphedNewtonSchulz, Float32StateOptimizer):
     def _run_shampoo_2d(self, params: list[Tensor], *, lr: float, beta1: float, eps: float, weight_decay: float,
                         gamma: float, remember_grad: bool, ns_dtype: torch.dtype, ns_form: str,
                         graph: CapturedLists | None, **_) -> None:
-        """mars-shampoo on 2-D tensors, as :func:`mars.reference.mars_step`, Newton-Schulz on them all at once."""
+        """mars-shampoo on 2-D tensors, as :func:`mars.reference.mars_step`: the elementwise part over whole lists
+        (:mod:`mars.shampoo_foreach`, no host sync), Newton-Schulz on them all at once."""
         states = self._states(params)
-        last_grads, exp_avgs = state_buffers(params, states, "last_grad"), state_buffers(params, states, "exp_avg")
         advance_steps(states)
-        directions = []
-        for param, last_grad, exp_avg in zip(params, last_grads, exp_avgs):
-            c_t = reference.corrected_gradient(param.grad, last_grad, gamma, beta1)
-            exp_avg.mul_(beta1).add_(c_t, alpha=1.0 - beta1)
-            directions.append(exp_avg.mul(1.0 / (1.0 - beta1)))
-            if remember_grad:
-                last_grad.copy_(param.grad)
+        directions = shampoo_foreach.shampoo_directions(
+            [param.grad for param in params], state_buffers(params, states, "last_grad"),
+            state_buffers(params, states, "exp_avg"), gamma=gamma, beta1=beta1, remember_grad=remember_grad)
         # The official code passes the optimizer's eps to Newton-Schulz as its normalisation guard.
         updates = orthogonalise(directions, dtype=ns_dtype, process_group=self.process_group, eps=eps, form=ns_form,
                                 graph=graph)
-        for param, update in zip(params, updates):
-            scale = max(1.0, param.size(0) / param.size(1)) ** 0.5
-            reference.apply_update(param, update.mul_(scale), lr, weight_decay)
+        shampoo_foreach.apply_shampoo_updates(params, updates, lr=lr, weight_decay=weight_decay)
 
     def _states(self, params: list[Tensor]) -> list[dict[str, Any]]:
         """Each parameter's state dict, to look up once per step and pass on: a lookup hashes the tensor in

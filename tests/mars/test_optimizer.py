@@ -273,6 +273,57 @@ def shampoo_trajectory(backend, ns_dtype, shapes, steps=5, ns_form="products"):
     return [p.detach() for p in params]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("is_approx", [True, False], ids=["approx", "exact"])
+def test_shampoo_fast_path_steps_bit_for_bit_as_the_reference(dtype, is_approx):
+    # Gradient scales cycle so that c_t is clipped on some steps and not on others; matrices tall, wide and square
+    # (the 1-D tensors' AdamW is the backends' own: not compared here).
+    shapes, scales = [(12, 4), (4, 12), (8, 8)], (3.0, 1e-3, 1e-3, 0.3)
+    generator = torch.Generator().manual_seed(5)
+    initial = [torch.randn(shape, generator=generator).to(dtype) for shape in shapes]
+    grads = [[(torch.randn(shape, generator=generator) * scale).to(dtype) for shape in shapes] for scale in scales * 2]
+    runs = {}
+    for backend in ("reference", "torch"):
+        params = [torch.nn.Parameter(p.clone()) for p in initial]
+        optimizer = MARS(params, lr=1e-2, weight_decay=0.1, mars_type="mars-shampoo", is_approx=is_approx,
+                         backend=backend, ns_dtype=torch.float32)
+        for step, step_grads in enumerate(grads):
+            if not is_approx:
+                for param, grad in zip(params, grads[(step + 1) % len(grads)]):
+                    param.grad = grad.clone()
+                optimizer.stash_lookahead_grad()
+            for param, grad in zip(params, step_grads):
+                param.grad = grad.clone()
+            optimizer.step()
+        runs[backend] = (optimizer, params)
+    (reference_optimizer, expected), (optimizer, params) = runs["reference"], runs["torch"]
+    for param, expected_param in zip(params, expected):
+        assert torch.equal(param, expected_param)
+        # The reference also keeps an exp_avg_sq for 2-D tensors that its shampoo rule never reads.
+        for key, value in optimizer.state[param].items():
+            expected_value = reference_optimizer.state[expected_param][key]
+            assert torch.equal(value, expected_value) if torch.is_tensor(value) else value == expected_value
+
+
+def test_shampoo_fast_path_reads_no_tensor_on_the_host(monkeypatch):
+    # A read of a tensor's value (bool, item, tolist) makes a GPU step wait: the reference's clip reads each norm.
+    params = [torch.nn.Parameter(torch.randn(shape)) for shape in [(12, 4), (4, 12)]]
+    optimizer = MARS(params, mars_type="mars-shampoo", backend="torch", ns_dtype=torch.float32)
+    for param in params:
+        param.grad = torch.randn(param.shape) * 10  # clipped: the reference would branch on the norm
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("a tensor was read on the host")
+    for name in ("__bool__", "item", "tolist", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+    optimizer.step()
+    monkeypatch.undo()
+    with pytest.raises(AssertionError, match="read on the host"):  # the check bites: the reference reads the norm
+        for name in ("__bool__", "item", "tolist", "__float__"):
+            monkeypatch.setattr(torch.Tensor, name, host_read)
+        reference.corrected_gradient(params[0].grad, torch.zeros(12, 4), 0.025, 0.95)
+
+
 def test_shampoo_batches_same_shaped_matrices_with_the_reference_math():
     shapes = [(8, 6), (8, 6), (6, 8), (8, 6), (5,)]
     batched = shampoo_trajectory("torch", torch.float32, shapes)
