@@ -175,18 +175,28 @@ def schema_defaults(schema: type) -> dict:
     return defaults
 
 
+# Optimizer keys that do not change what a run computes: how Newton-Schulz is launched (the same kernels), and
+# Newton-Schulz's settings in MARS variants that never run it.
+NO_EFFECT_KEYS = ("ns_cuda_graph",)
+NEWTON_SCHULZ_KEYS = ("ns_dtype", "ns_form")
+
+
 def without_defaults(optimizer_cfg: dict) -> dict:
-    """The optimizer settings that differ from the schema's defaults.
+    """The optimizer settings that differ from the schema's defaults, without those that change nothing.
 
     A run made before a key joined the schema has no such key; one made after has it at its default. Both ran
-    the same thing, and must count as one setting (as seeds of each other).
+    the same thing, and must count as one setting (as seeds of each other). Likewise a MARS-AdamW run saved
+    with another ``ns_dtype`` (its default changed once) ran the same thing: only mars-shampoo reads it.
     """
     schema = OPTIMIZER_SCHEMAS.get(optimizer_cfg.get("name"))
     if schema is None:
         return optimizer_cfg
     defaults = {f.name: f.default for f in dataclasses.fields(schema) if f.default is not dataclasses.MISSING}
+    ignored = NO_EFFECT_KEYS
+    if optimizer_cfg.get("name") == "mars" and optimizer_cfg.get("mars_type", "mars-adamw") != "mars-shampoo":
+        ignored += NEWTON_SCHULZ_KEYS
     return {key: value for key, value in optimizer_cfg.items()
-            if key not in defaults or value != as_yaml(defaults[key])}
+            if key not in ignored and (key not in defaults or value != as_yaml(defaults[key]))}
 
 
 def as_yaml(value):

@@ -58,14 +58,30 @@ def test_every_mars_variant_has_a_display_name_in_the_paper_style():
 
 
 def test_a_run_saved_before_a_new_optimizer_key_pools_with_seeds_saved_after(tmp_path, make_run):
-    old = make_run(tmp_path / "old", ["optimizer=mars-adamw", "train.max_iters=10"], [10.8, 6.0], 1024)
-    make_run(tmp_path / "new", ["optimizer=mars-adamw", "train.max_iters=10", "train.seed=2"], [10.8, 6.2], 1024)
-    make_run(tmp_path / "other", ["optimizer=mars-adamw", "train.max_iters=10", "optimizer.ns_dtype=float32"],
-             [10.8, 6.4], 1024)
+    base = ["optimizer=mars-shampoo", "train.max_iters=10"]
+    old = make_run(tmp_path / "old", base, [10.8, 6.0], 1024)
+    make_run(tmp_path / "new", [*base, "train.seed=2"], [10.8, 6.2], 1024)
+    make_run(tmp_path / "other", [*base, "optimizer.ns_dtype=float32"], [10.8, 6.4], 1024)
     config = old / ".hydra" / "config.yaml"
     config.write_text("\n".join(line for line in config.read_text().splitlines() if "ns_dtype" not in line))
     [settings] = group_settings(load_runs([str(tmp_path)])).values()
     assert sorted(len(setting.runs) for setting in settings) == [1, 2]  # old + new pooled; float32 apart
+
+
+def test_keys_that_change_nothing_do_not_split_a_setting(tmp_path, make_run):
+    # MARS-AdamW never runs Newton-Schulz: its ns_dtype (whose default moved from bfloat16 to auto) and ns_form
+    # say nothing about the run; a CUDA graph launches the same kernels.
+    base = ["optimizer=mars-adamw", "train.max_iters=10"]
+    make_run(tmp_path / "old", [*base, "optimizer.ns_dtype=bfloat16"], [10.8, 6.0], 1024)
+    make_run(tmp_path / "new", [*base, "train.seed=2", "optimizer.ns_form=fused_gram"], [10.8, 6.2], 1024)
+    make_run(tmp_path / "muon", ["optimizer=muon", "train.max_iters=10"], [10.8, 6.0], 1024)
+    make_run(tmp_path / "muon-graph", ["optimizer=muon", "train.max_iters=10", "train.seed=2",
+                                       "optimizer.ns_cuda_graph=true"], [10.8, 6.1], 1024)
+    make_run(tmp_path / "muon-float32", ["optimizer=muon", "train.max_iters=10", "optimizer.ns_dtype=float32"],
+             [10.8, 6.1], 1024)
+    by_optimizer = {optimizer: sorted(len(setting.runs) for setting in settings)
+                    for (_, _, _, optimizer), settings in group_settings(load_runs([str(tmp_path)])).items()}
+    assert by_optimizer == {"mars-approx": [2], "muon": [1, 2]}  # Muon's own ns_dtype does split
 
 
 def test_a_run_saved_before_new_model_and_train_keys_pools_with_later_seeds_but_not_other_values(tmp_path,
