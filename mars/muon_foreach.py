@@ -39,14 +39,19 @@ def write_back(params: list[Tensor], works: list[Tensor]) -> None:
 
 
 def scale_in_place(tensors: list[Tensor], scales: list[float]) -> None:
-    """tensors[i].mul_(scales[i]) for every tensor, rounded as that per-tensor op rounds in the tensor's dtype.
+    """tensors[i].mul_(scales[i]) for every tensor, rounded as that per-tensor op rounds; scales of 1 skipped (exact).
 
-    The product is taken in float32 and rounded once into the tensor: torch's CPU foreach multiply would round the
-    scalar itself to a bfloat16 tensor's dtype first. Scales of 1 are skipped (exact)."""
-    for scale, indices in by_value(scales).items():
+    torch's CPU foreach multiply rounds a Python scalar to the tensors' dtype before multiplying (for bfloat16, a
+    different product from ``mul_``'s), so on the CPU the scale goes in as a 0-dim tensor of the tensors' compute
+    dtype, which multiplies as ``mul_`` does (tested); CUDA's foreach kernels take the scalar in that dtype already.
+    """
+    groups = defaultdict(list)
+    for tensor, scale in zip(tensors, scales):
         if scale != 1.0:
-            scaled = [tensors[i] for i in indices]
-            torch._foreach_copy_(scaled, torch._foreach_mul([tensor.float() for tensor in scaled], scale))
+            groups[scale, tensor.dtype, tensor.device].append(tensor)
+    for (scale, dtype, device), scaled in groups.items():
+        compute_dtype = torch.promote_types(dtype, torch.float32)
+        torch._foreach_mul_(scaled, torch.tensor(scale, dtype=compute_dtype) if device.type == "cpu" else scale)
 
 
 def shape_scales(params: list[Tensor]) -> list[float]:
