@@ -179,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="Muon's Newton-Schulz dtype (float32: ~10x faster on CPUs without bfloat16 units)")
     parser.add_argument("--override", nargs="*", default=[], help="config overrides for every optimizer's run")
     parser.add_argument("--output-dir", type=Path, default=Path("results"))
+    parser.add_argument("--tag", help="name the files bench_train_<device>_<tag>.{md,json}, so that runs of "
+                                      "different rows do not overwrite each other")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
@@ -209,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{record['device']}, torch {torch.__version__}, {record['date']}\n\n`{command}`\n\n")
     print(header + table)
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.output_dir / f"bench_train_{device.type}"
+    stem = args.output_dir / (f"bench_train_{device.type}" + (f"_{args.tag}" if args.tag else ""))
     stem.with_suffix(".md").write_text(header + table + "\n")
     stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
 

@@ -26,12 +26,12 @@ def test_writes_a_row_per_optimizer_with_its_phases(tmp_path):
 def test_loss_chunk_sizes_add_a_row_per_size_beside_the_plain_loss(tmp_path):
     bench_train.main(["--device", "cpu", "--model", "tiny", "--batch-size", "2", "--block-size", "16",
                       "--steps", "1", "--warmup", "0", "--optimizers", "AdamW", "--loss-chunk-sizes", "0", "12",
-                      "--output-dir", str(tmp_path)])
-    record = json.loads((tmp_path / "bench_train_cpu.json").read_text())
+                      "--output-dir", str(tmp_path), "--tag", "chunks"])
+    record = json.loads((tmp_path / "bench_train_cpu_chunks.json").read_text())
     assert [(row["label"], row["loss_chunk_size"]) for row in record["rows"]] == [
         ("AdamW", 0), ("AdamW, loss in chunks of 12", 12)]
     assert record["loss_chunk_sizes"] == [0, 12]
-    assert "| AdamW, loss in chunks of 12 | " in (tmp_path / "bench_train_cpu.md").read_text()
+    assert "| AdamW, loss in chunks of 12 | " in (tmp_path / "bench_train_cpu_chunks.md").read_text()
 
 
 def test_the_cuda_graph_rows_are_left_out_on_a_cpu_and_refused_when_asked_for(tmp_path, monkeypatch, capsys):
