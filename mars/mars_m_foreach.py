@@ -16,17 +16,11 @@ On CUDA, torch's foreach kernels round each operation as the per-tensor kernels 
 multiply and an add into one fused multiply-add where the per-tensor kernel does not (or the reverse), which
 moves a result by an ulp. The two paths have not been compared on a GPU yet.
 """
-from collections import defaultdict
-
 import torch
 from torch import Tensor
 
 from mars import reference
-
-
-def _cast_like(tensors: list[Tensor], like: list[Tensor]) -> list[Tensor]:
-    """Each tensor in the dtype of its partner in ``like``; those already in it are returned as they are."""
-    return [tensor.to(partner.dtype) for tensor, partner in zip(tensors, like)]
+from mars.foreach_ops import by_value, cast_like, write_back
 
 
 def _step_by(params: list[Tensor], directions: list[Tensor], step_sizes: list[float], *, lr: float,
@@ -35,15 +29,10 @@ def _step_by(params: list[Tensor], directions: list[Tensor], step_sizes: list[fl
     parameter written back in its dtype, as the reference's ``work.mul_(...).add_(..., alpha=-step_size)``."""
     works = [param.to(torch.promote_types(param.dtype, torch.float32)) for param in params]
     torch._foreach_mul_(works, 1 - lr * weight_decay)
-    directions = _cast_like(directions, works)
-    by_step_size = defaultdict(list)
-    for index, step_size in enumerate(step_sizes):
-        by_step_size[step_size].append(index)
-    for step_size, indices in by_step_size.items():
+    directions = cast_like(directions, works)
+    for step_size, indices in by_value(step_sizes).items():
         torch._foreach_add_([works[i] for i in indices], [directions[i] for i in indices], alpha=-step_size)
-    copied = [(param, work) for param, work in zip(params, works) if work is not param]
-    if copied:
-        torch._foreach_copy_([param for param, _ in copied], [work for _, work in copied])
+    write_back(params, works)
 
 
 def mars_m_momenta(grads: list[Tensor], last_grads: list[Tensor], momentum_buffers: list[Tensor], *,
@@ -54,7 +43,7 @@ def mars_m_momenta(grads: list[Tensor], last_grads: list[Tensor], momentum_buffe
     built in them meanwhile instead of in fresh buffers: (g_prev - g) * -s is (g - g_prev) * s exactly, since
     negation is exact.
     """
-    grads = _cast_like(grads, momentum_buffers)
+    grads = cast_like(grads, momentum_buffers)
     correction = gamma * momentum / (1 - momentum)
     if remember_grad:
         corrected = last_grads
@@ -78,7 +67,7 @@ def mars_m_momenta(grads: list[Tensor], last_grads: list[Tensor], momentum_buffe
 def mars_m_efficient_directions(grads: list[Tensor], momentum_buffers: list[Tensor], *, momentum: float,
                                 gamma: float) -> list[Tensor]:
     """:func:`mars.reference.mars_m_efficient_direction` of every tensor."""
-    grads = _cast_like(grads, momentum_buffers)
+    grads = cast_like(grads, momentum_buffers)
     torch._foreach_mul_(momentum_buffers, momentum)
     torch._foreach_add_(momentum_buffers, grads, alpha=(1 - gamma) * (1 - momentum) / momentum)
     directions = torch._foreach_mul(grads, gamma)
@@ -89,7 +78,7 @@ def mars_m_efficient_directions(grads: list[Tensor], momentum_buffers: list[Tens
 def moonlight_directions(grads: list[Tensor], momentum_buffers: list[Tensor], *, momentum: float,
                          nesterov: bool) -> list[Tensor]:
     """:func:`mars.reference.moonlight_direction` of every tensor."""
-    grads = _cast_like(grads, momentum_buffers)
+    grads = cast_like(grads, momentum_buffers)
     torch._foreach_mul_(momentum_buffers, momentum)
     torch._foreach_add_(momentum_buffers, grads)
     if not nesterov:
@@ -110,7 +99,7 @@ def mars_m_adamw_steps(params: list[Tensor], grads: list[Tensor], exp_avgs: list
                        exp_avg_sqs: list[Tensor], *, steps: list[int], lr: float, beta1: float, beta2: float,
                        eps: float, weight_decay: float) -> None:
     """:func:`mars.reference.mars_m_adamw_step` of every tensor, each at its own ``steps[i]``."""
-    grads = _cast_like(grads, exp_avgs)
+    grads = cast_like(grads, exp_avgs)
     torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
     torch._foreach_lerp_(exp_avg_sqs, torch._foreach_mul(grads, grads), 1 - beta2)
     denominators = torch._foreach_sqrt(exp_avg_sqs)

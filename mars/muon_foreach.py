@@ -11,52 +11,16 @@ multiply-add where the per-tensor kernel does not, which moves a result by an ul
 :mod:`mars.mars_m_foreach`).
 """
 import math
-from collections import defaultdict
 
 import torch
 from torch import Tensor
 
+from mars.foreach_ops import by_value, scale_in_place, shape_scales, write_back
 from mars.mars_m_foreach import moonlight_directions
 
 # Muon's matrix to orthogonalise is Moonlight's (mars.reference.moonlight_direction): b <- mu b + g,
 # d = g + mu b (Nesterov) or b.
 muon_directions = moonlight_directions
-
-
-def by_value(values: list[float]) -> dict[float, list[int]]:
-    """The indices of each distinct value."""
-    indices = defaultdict(list)
-    for index, value in enumerate(values):
-        indices[value].append(index)
-    return indices
-
-
-def write_back(params: list[Tensor], works: list[Tensor]) -> None:
-    """Copy each float32 working copy into its parameter (those that are their own working copy are done)."""
-    copied = [(param, work) for param, work in zip(params, works) if work is not param]
-    if copied:
-        torch._foreach_copy_([param for param, _ in copied], [work for _, work in copied])
-
-
-def scale_in_place(tensors: list[Tensor], scales: list[float]) -> None:
-    """tensors[i].mul_(scales[i]) for every tensor, rounded as that per-tensor op rounds; scales of 1 skipped (exact).
-
-    torch's CPU foreach multiply rounds a Python scalar to the tensors' dtype before multiplying (for bfloat16, a
-    different product from ``mul_``'s), so on the CPU the scale goes in as a 0-dim tensor of the tensors' compute
-    dtype, which multiplies as ``mul_`` does (tested); CUDA's foreach kernels take the scalar in that dtype already.
-    """
-    groups = defaultdict(list)
-    for tensor, scale in zip(tensors, scales):
-        if scale != 1.0:
-            groups[scale, tensor.dtype, tensor.device].append(tensor)
-    for (scale, dtype, device), scaled in groups.items():
-        compute_dtype = torch.promote_types(dtype, torch.float32)
-        torch._foreach_mul_(scaled, torch.tensor(scale, dtype=compute_dtype) if device.type == "cpu" else scale)
-
-
-def shape_scales(params: list[Tensor]) -> list[float]:
-    """sqrt(max(1, rows / cols)) of each matrix: the scale of its orthogonalised update (Muon, MARS-Shampoo)."""
-    return [max(1.0, param.size(0) / param.size(1)) ** 0.5 for param in params]
 
 
 @torch.no_grad()

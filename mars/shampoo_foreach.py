@@ -11,7 +11,7 @@ waits for the GPU once per matrix).
 import torch
 from torch import Tensor
 
-from mars.muon_foreach import scale_in_place, shape_scales, write_back
+from mars.foreach_ops import scale_in_place, shape_scales, write_back
 
 
 @torch.no_grad()

@@ -1,0 +1,47 @@
+"""Helpers that the foreach paths (:mod:`mars.mars_m_foreach`, :mod:`mars.muon_foreach`,
+:mod:`mars.shampoo_foreach`) share to keep each tensor's arithmetic exactly that of its per-tensor rule."""
+from collections import defaultdict
+
+import torch
+from torch import Tensor
+
+
+def by_value(values: list[float]) -> dict[float, list[int]]:
+    """The indices of each distinct value: one foreach call per value where a scalar differs between tensors."""
+    indices = defaultdict(list)
+    for index, value in enumerate(values):
+        indices[value].append(index)
+    return indices
+
+
+def cast_like(tensors: list[Tensor], like: list[Tensor]) -> list[Tensor]:
+    """Each tensor in the dtype of its partner in ``like``; those already in it are returned as they are."""
+    return [tensor.to(partner.dtype) for tensor, partner in zip(tensors, like)]
+
+
+def write_back(params: list[Tensor], works: list[Tensor]) -> None:
+    """Copy each working copy into its parameter (a parameter that is its own working copy is done already)."""
+    copied = [(param, work) for param, work in zip(params, works) if work is not param]
+    if copied:
+        torch._foreach_copy_([param for param, _ in copied], [work for _, work in copied])
+
+
+def scale_in_place(tensors: list[Tensor], scales: list[float]) -> None:
+    """tensors[i].mul_(scales[i]) for every tensor, rounded as that per-tensor op rounds; scales of 1 skipped (exact).
+
+    torch's CPU foreach multiply rounds a Python scalar to the tensors' dtype before multiplying (for bfloat16, a
+    different product from ``mul_``'s), so on the CPU the scale goes in as a 0-dim tensor of the tensors' compute
+    dtype, which multiplies as ``mul_`` does (tested); CUDA's foreach kernels take the scalar in that dtype already.
+    """
+    groups = defaultdict(list)
+    for tensor, scale in zip(tensors, scales):
+        if scale != 1.0:
+            groups[scale, tensor.dtype, tensor.device].append(tensor)
+    for (scale, dtype, device), scaled in groups.items():
+        compute_dtype = torch.promote_types(dtype, torch.float32)
+        torch._foreach_mul_(scaled, torch.tensor(scale, dtype=compute_dtype) if device.type == "cpu" else scale)
+
+
+def shape_scales(params: list[Tensor]) -> list[float]:
+    """sqrt(max(1, rows / cols)) of each matrix: the scale of its orthogonalised update (Muon, MARS-Shampoo)."""
+    return [max(1.0, param.size(0) / param.size(1)) ** 0.5 for param in params]
