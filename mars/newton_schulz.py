@@ -134,8 +134,9 @@ def orthogonalise(matrices: list[Tensor], steps: int = 5, dtype: torch.dtype = t
     elif graph is None:
         local_results = newton_schulz_each(local, **options)
     else:
+        # Normalised by the dtype copy's own norm, the matrices enter as that copy: the graph holds them so.
         local_results = graph(functools.partial(newton_schulz_each, **options), local,
-                              key=tuple(sorted(options.items())))
+                              key=tuple(sorted(options.items())), input_dtype=dtype if norm_in_dtype else None)
     if world_size == 1:
         return local_results
     flat = torch.zeros(sum(m.numel() for m in matrices), dtype=out_dtype, device=matrices[0].device)

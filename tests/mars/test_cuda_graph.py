@@ -40,11 +40,12 @@ def random_matrices(seed, shapes=SHAPES):
     return [torch.randn(shape, generator=generator) for shape in shapes]
 
 
-@pytest.mark.parametrize("form", ["products", "fused_gram"])
+@pytest.mark.parametrize("form", ["products", "gram", "fused_gram"])
 @pytest.mark.parametrize("batch", [False, True])
-def test_each_call_reads_its_own_inputs_into_the_same_outputs(form, batch):
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_each_call_reads_its_own_inputs_into_the_same_outputs(form, batch, out_dtype):
     graph = ReplayedEagerly()
-    options = dict(dtype=torch.bfloat16, norm_in_dtype=True, out_dtype=torch.bfloat16, form=form, batch=batch)
+    options = dict(dtype=torch.bfloat16, norm_in_dtype=True, out_dtype=out_dtype, form=form, batch=batch)
     addresses = None
     for seed in range(3):
         matrices = random_matrices(seed)
@@ -55,6 +56,17 @@ def test_each_call_reads_its_own_inputs_into_the_same_outputs(form, batch):
         assert addresses in (None, [result.data_ptr() for result in results])
         addresses = [result.data_ptr() for result in results]
     assert graph.captures == 1
+    # Normalised by the bfloat16 copy's own norm, the matrices are held as that copy: half float32's memory.
+    assert {static.dtype for static in graph._static_inputs} == {torch.bfloat16}
+
+
+def test_matrices_normalised_by_their_float32_norm_are_held_in_float32():
+    graph = ReplayedEagerly()
+    matrices = random_matrices(0)
+    options = dict(dtype=torch.bfloat16, norm_in_dtype=False, out_dtype=torch.float32)
+    for result, expected in zip(orthogonalise(matrices, graph=graph, **options), orthogonalise(matrices, **options)):
+        assert torch.equal(result, expected)
+    assert {static.dtype for static in graph._static_inputs} == {torch.float32}
 
 
 def test_a_new_capture_exactly_when_the_inputs_layout_or_the_options_change():
