@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from mars import MarsM, MarsMEfficient, Moonlight, mars_m_foreach, reference
 # A fixture starting a one-process Gloo group; its module imports torch.distributed.nn before any group exists.
+from tests.mars.test_newton_schulz import run_on_simulated_ranks
 from tests.mars.test_process_group import start_group  # noqa: F401
 
 LR, WEIGHT_DECAY, MOMENTUM, GAMMA, NS_STEPS = 0.02, 0.1, 0.9, 0.05, 5
@@ -640,26 +641,10 @@ def test_two_ranks_sharing_newton_schulz_step_bit_for_bit_as_one_process(name, s
         return [p.detach() for p in params]
 
     alone = one_step(None)
-    current = {"rank": 0, "sum": None}
-    buffers = []
-
-    def all_reduce(flat, group=None):
-        if current["sum"] is None:
-            buffers.append(flat.clone())
-        else:
-            flat.copy_(current["sum"])
-
-    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
-    monkeypatch.setattr(dist, "get_rank", lambda group=None: current["rank"])
-    monkeypatch.setattr(dist, "all_reduce", all_reduce)
-    for rank in (0, 1):
-        current["rank"] = rank
-        one_step(group)
+    ranks, buffers = run_on_simulated_ranks(monkeypatch, 2, lambda: one_step(group))
     assert [b.dtype for b in buffers] == [torch.bfloat16] * 2 and all(b.count_nonzero() > 0 for b in buffers)
-    current["sum"] = torch.stack(buffers).sum(0)
-    for rank in (0, 1):
-        current["rank"] = rank
-        for a, b in zip(one_step(group), alone):
+    for params in ranks:
+        for a, b in zip(params, alone):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 

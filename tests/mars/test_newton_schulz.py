@@ -10,8 +10,9 @@ from mars.newton_schulz import NS_FORMS, newton_schulz5, newton_schulz_flops, or
 SHAPES = [(12, 4), (12, 4), (4, 12), (8, 8), (16, 8), (3, 5)]
 
 
-def orthogonalise_on_ranks(monkeypatch, matrices, world_size, **kwargs):
-    """What each of ``world_size`` simulated ranks returns, and the buffer each of them all-reduces.
+def run_on_simulated_ranks(monkeypatch, world_size, run):
+    """What ``run()`` returns on each of ``world_size`` ranks simulated in this process, and the buffer each of
+    them all-reduces.
 
     Every rank runs once with an all-reduce that only records its buffer (its own results, zeros elsewhere),
     then again with one that hands it the sum of all the recorded buffers, as Gloo's or NCCL's would.
@@ -28,18 +29,24 @@ def orthogonalise_on_ranks(monkeypatch, matrices, world_size, **kwargs):
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: world_size)
     monkeypatch.setattr(dist, "get_rank", lambda group=None: current["rank"])
     monkeypatch.setattr(dist, "all_reduce", all_reduce)
-    group = object()  # stands for a process group: only handed to the patched calls above
 
     def run_every_rank():
         results = []
         for rank in range(world_size):
             current["rank"] = rank
-            results.append(orthogonalise(matrices, process_group=group, **kwargs))
+            results.append(run())
         return results
 
     run_every_rank()
     current["sum"] = torch.stack(buffers).sum(0)
     return run_every_rank(), buffers
+
+
+def orthogonalise_on_ranks(monkeypatch, matrices, world_size, **kwargs):
+    """:func:`run_on_simulated_ranks` of ``orthogonalise(matrices, **kwargs)`` with a process group."""
+    group = object()  # stands for a process group: only handed to the patched calls
+    return run_on_simulated_ranks(monkeypatch, world_size,
+                                  lambda: orthogonalise(matrices, process_group=group, **kwargs))
 
 
 @pytest.mark.parametrize("form", ["products", "fused_gram"])
