@@ -10,6 +10,8 @@ import torch
 
 from mars import Muon, reference
 from mars.newton_schulz import assign_owners, newton_schulz_cost
+from tests.mars.test_newton_schulz import run_on_simulated_ranks
+from tests.mars.test_process_group import start_group  # noqa: F401
 
 # torch's AdamW and float32 updates: the options whose steps the hand-written float32 checks below follow.
 TORCH_FLOAT32 = dict(adamw_variant="torch", update_dtype=torch.float32)
@@ -465,3 +467,28 @@ def test_a_sparse_gradient_is_refused_before_any_tensor_steps():
     with pytest.raises(RuntimeError, match="sparse"):
         optimizer.step()
     assert torch.equal(vector.detach(), before) and not optimizer.state
+
+
+@pytest.mark.parametrize("foreach", [None, False])
+def test_two_ranks_sharing_newton_schulz_step_bit_for_bit_as_one_process(monkeypatch, start_group, foreach):
+    # Each rank orthogonalises its share; the all-reduced bfloat16 buffer hands both every update, which the
+    # foreach path then scales in place (views of that buffer). One step: the simulation has one all-reduce a run.
+    initial, grads = random_grads(FOREACH_SHAPES, 1, torch.float32, seed=32)
+
+    def run(process_group):
+        params = [torch.nn.Parameter(p.clone()) for p in initial]
+        optimizer = Muon(params, lr=0.02, weight_decay=0.05, ns_dtype=torch.float32, foreach=foreach,
+                         process_group=process_group)
+        for step_grads in grads:
+            for param, grad in zip(params, step_grads):
+                param.grad = grad.clone()
+            optimizer.step()
+        return [p.detach() for p in params]
+
+    alone = run(None)
+    group = start_group()  # a real group (the optimizer holds it weakly); its collectives are simulated below
+    ranks, buffers = run_on_simulated_ranks(monkeypatch, 2, lambda: run(group))
+    assert all(buffer.dtype == torch.bfloat16 and buffer.count_nonzero() > 0 for buffer in buffers)
+    for params in ranks:
+        for param, expected in zip(params, alone):
+            assert torch.equal(param, expected)
