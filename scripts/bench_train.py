@@ -47,7 +47,11 @@ OPTIMIZERS = {  # label: overrides of configs/
     # Newton-Schulz replayed as one CUDA graph per step (mars/cuda_graph.py): CUDA only
     "Muon CUDA graph": ["optimizer=muon", "optimizer.ns_cuda_graph=true"],
     "Muon fused_gram CUDA graph": ["optimizer=muon", "optimizer.ns_form=fused_gram", "optimizer.ns_cuda_graph=true"],
+    "MARS-Shampoo": ["optimizer=mars-shampoo"],
+    "MARS-Shampoo CUDA graph": ["optimizer=mars-shampoo", "optimizer.ns_cuda_graph=true"],
 }
+ORTHOGONALISING = {label for label, overrides in OPTIMIZERS.items()
+                   if {"optimizer=muon", "optimizer=mars-shampoo"} & set(overrides)}
 CUDA_ONLY = {label for label, overrides in OPTIMIZERS.items() if "optimizer.ns_cuda_graph=true" in overrides}
 PHASES = ("data", "forward", "backward", "look-ahead", "clip", "optimizer")
 BASELINE = "AdamW"
@@ -80,8 +84,8 @@ def row_label(optimizer: str, loss_chunk_size: int, compile_mode: str = "default
 
 def bench_optimizer(optimizer_label: str, loss_chunk_size: int, args, device: torch.device,
                     compile_mode: str = "default") -> dict:
-    muon = [f"optimizer.ns_dtype={args.ns_dtype}"] if optimizer_label.startswith("Muon") else []
-    cfg = compose_config(args.model, OPTIMIZERS[optimizer_label] + muon + args.override)
+    ns_dtype = [f"optimizer.ns_dtype={args.ns_dtype}"] if optimizer_label in ORTHOGONALISING else []
+    cfg = compose_config(args.model, OPTIMIZERS[optimizer_label] + ns_dtype + args.override)
     torch.manual_seed(0)
     model_config = GPTConfig(**OmegaConf.to_container(cfg.model))
     model = GPT(model_config).to(device)
@@ -176,7 +180,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="a row per optimizer and size: 0 the plain loss, N > 0 the chunked loss of N tokens "
                              "a chunk (train.loss_chunk_size)")
     parser.add_argument("--ns-dtype", choices=("bfloat16", "float32"), default="bfloat16",
-                        help="Muon's Newton-Schulz dtype (float32: ~10x faster on CPUs without bfloat16 units)")
+                        help="Muon's and MARS-Shampoo's Newton-Schulz dtype (float32: ~10x faster on CPUs without "
+                             "bfloat16 units)")
     parser.add_argument("--override", nargs="*", default=[], help="config overrides for every optimizer's run")
     parser.add_argument("--output-dir", type=Path, default=Path("results"))
     parser.add_argument("--tag", help="name the files bench_train_<device>_<tag>.{md,json}, so that runs of "

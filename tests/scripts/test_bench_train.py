@@ -40,7 +40,7 @@ def test_the_cuda_graph_rows_are_left_out_on_a_cpu_and_refused_when_asked_for(tm
                         lambda label, *_: benched.append(label) or {"label": label, "step_ms": 1.0})
     monkeypatch.setattr(bench_train, "markdown_table", lambda rows, device: "")
     bench_train.main(["--device", "cpu", "--output-dir", str(tmp_path)])
-    assert bench_train.CUDA_ONLY == {"Muon CUDA graph", "Muon fused_gram CUDA graph"}
+    assert bench_train.CUDA_ONLY == {"Muon CUDA graph", "Muon fused_gram CUDA graph", "MARS-Shampoo CUDA graph"}
     assert benched == [label for label in bench_train.OPTIMIZERS if label not in bench_train.CUDA_ONLY]
     with pytest.raises(SystemExit) as exit:
         bench_train.main(["--device", "cpu", "--optimizers", "Muon CUDA graph", "--output-dir", str(tmp_path)])
@@ -59,3 +59,14 @@ def test_compile_modes_add_a_row_per_mode_and_need_compile(tmp_path, monkeypatch
     with pytest.raises(SystemExit):
         bench_train.main(["--device", "cpu", "--compile-modes", "max-autotune", "--output-dir", str(tmp_path)])
     assert "add --compile" in capsys.readouterr().err
+
+
+def test_every_row_is_a_valid_config_of_what_it_names():
+    from configs.schema import validate
+
+    for label, overrides in bench_train.OPTIMIZERS.items():
+        cfg = bench_train.compose_config("tiny", overrides)
+        validate(cfg)
+        assert cfg.optimizer.get("ns_cuda_graph", False) == ("CUDA graph" in label), label
+        assert ("fused_gram" in label) == (cfg.optimizer.get("ns_form") == "fused_gram"), label
+        assert (label in bench_train.ORTHOGONALISING) == (label.startswith(("Muon", "MARS-Shampoo"))), label
