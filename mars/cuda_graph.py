@@ -1,7 +1,9 @@
 """A function of a list of tensors run as one CUDA graph: launched once per call instead of kernel by kernel.
 
-Newton-Schulz on GPT-2's 50 matrices is some 2,000 small kernels per step, each costing more to launch from
-Python than to run (results/bench_newton_schulz_cuda.md); replayed as one graph, the launches cost one.
+Newton-Schulz on GPT-2's 50 matrices is some 2,000 small kernels per step. Launched one by one from Python, their
+launches are the suspect for the H100's 25-43 ms against a ~3.6 ms compute floor (results/bench_newton_schulz_cuda.md;
+``scripts/bench_newton_schulz.py --profile`` shows how long the GPU is busy); replayed as one graph, they are one
+launch.
 """
 from collections.abc import Callable, Hashable
 
