@@ -3,7 +3,7 @@ a norm, ``.item()``) makes the step wait for the device, once per read."""
 import pytest
 import torch
 
-from mars import MARS, MarsM, MarsMEfficient, Moonlight, Muon, reference
+from mars import MARS, MarsM, MarsMEfficient, Moonlight, Muon, available_backends, reference
 
 HOST_READS = ("__bool__", "item", "tolist", "__float__", "__int__")
 SHAPES = [(12, 4), (4, 12), (8, 8), (6,)]
@@ -26,6 +26,20 @@ def refuse_host_reads(monkeypatch):
         raise AssertionError("a tensor was read on the host")
     for name in HOST_READS:
         monkeypatch.setattr(torch.Tensor, name, host_read)
+
+
+@pytest.mark.triton_interpreter
+@pytest.mark.skipif("triton" not in available_backends("cpu"), reason="needs triton and TRITON_INTERPRET=1")
+@pytest.mark.parametrize("mars_type", ["mars-adamw", "mars-lion"])
+def test_a_triton_step_reads_no_tensor_on_the_host(monkeypatch, mars_type):
+    params = [torch.nn.Parameter(torch.randn(shape)) for shape in SHAPES]
+    optimizer = MARS(params, backend="triton", mars_type=mars_type, optimize_1d=True)
+    grads = [[torch.randn(param.shape) * 10 for param in params] for _ in range(2)]
+    refuse_host_reads(monkeypatch)
+    for step_grads in grads:  # the first step also checks its inputs; the second runs on the checked state
+        for param, grad in zip(params, step_grads):
+            param.grad = grad
+        optimizer.step()
 
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
