@@ -43,7 +43,12 @@ class CapturedLists:
             self._static_inputs = [t.to(input_dtype or t.dtype, copy=True, memory_format=torch.preserve_format)
                                    for t in inputs]
             self._fn = fn
-            self._outputs = self._capture(fn, self._static_inputs)
+            try:
+                self._outputs = self._capture(fn, self._static_inputs)
+            except RuntimeError as error:
+                self.release()
+                raise RuntimeError(f"capturing Newton-Schulz into a CUDA graph failed: {error}; set "
+                                   "optimizer.ns_cuda_graph=false to run it kernel by kernel") from error
             self.signature = signature
             self.captures += 1
         torch._foreach_copy_(self._static_inputs, inputs)  # casts to input_dtype on the way

@@ -101,6 +101,17 @@ def test_ranks_sharing_the_work_through_a_graph_return_what_one_process_does(mon
             assert torch.equal(result, expected)
 
 
+def test_a_failed_capture_says_how_to_turn_the_graph_off_and_leaves_nothing_captured():
+    class FailingCapture(ReplayedEagerly):
+        def _capture(self, fn, static_inputs):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    graph = FailingCapture()
+    with pytest.raises(RuntimeError, match="not permitted .*; set optimizer.ns_cuda_graph=false"):
+        orthogonalise(random_matrices(0), graph=graph)
+    assert graph.signature is None and graph.captures == 0 and not graph._static_inputs
+
+
 def test_a_capture_refuses_cpu_tensors_and_says_how_to_turn_it_off():
     with pytest.raises(ValueError, match="ns_cuda_graph=false"):
         orthogonalise(random_matrices(0), graph=CapturedLists())
