@@ -4,9 +4,9 @@
 
 For each corpus, model size and token budget, writes ``lr_sweep_<corpus>_<model>_<tokens>.png`` (log-scale lr)
 and, where gamma was swept, ``gamma_sweep_<corpus>_<model>_<tokens>.png``. A line joins the settings that differ
-only in the swept value (and, for lr, in train.min_lr), so an AdamW sweep and a MARS sweep at each gamma are
-separate lines; a point is the mean over seeds of each run's best validation loss, its bar spans the seeds'
-lowest and highest.
+only in the swept value (and, for lr, in train.min_lr and in a second learning rate held fixed or at one ratio to
+lr: MARS's lr_1d, Muon's adamw_lr), so an AdamW sweep and a MARS sweep at each gamma are separate lines; a point
+is the mean over seeds of each run's best validation loss, its bar spans the seeds' lowest and highest.
 """
 import json
 import logging
@@ -35,16 +35,40 @@ class SweepLine:
     seeds: list[int] = field(default_factory=list)
 
 
-def without(setting: str, key: str) -> str:
-    """The setting's identity with ``optimizer.<key>`` left out: settings along one sweep line share it.
+# Learning rates that an lr sweep may move with the swept one (MARS's lr_1d, Muon's AdamW part) or hold fixed.
+LR_FOLLOWERS = ("lr_1d", "adamw_lr")
 
-    An lr sweep often moves ``train.min_lr`` with the lr (a tenth of it, say): that is left out too.
+
+def without(run: Run, key: str) -> str:
+    """The run's setting with ``optimizer.<key>`` left out: settings along one sweep line share it.
+
+    An lr sweep moves ``train.min_lr`` with the lr (a tenth of it, say) or not: that is left out too, and so are
+    the ``LR_FOLLOWERS``, which :func:`split_by_followers` then sorts out.
     """
-    fields = json.loads(setting)
+    fields = json.loads(run.setting)
     fields["optimizer"].pop(key, None)
     if key == "lr":
         fields["train"].pop("min_lr", None)
+        for follower in LR_FOLLOWERS:
+            fields["optimizer"].pop(follower, None)
     return json.dumps(fields, sort_keys=True)
+
+
+def split_by_followers(members: list[Setting]) -> list[list[Setting]]:
+    """Settings of one lr sweep, as lines: one line if each follower lr is fixed, or at one ratio to lr (as the
+    authors' configs and scripts.small_study keep MARS's lr_1d at lr / 2); else one line per ratio."""
+    def followers(setting: Setting, as_ratio: bool) -> tuple:
+        optimizer = setting.first.config["optimizer"]
+        return tuple(float(f"{optimizer[f] / optimizer['lr']:.6g}") if as_ratio else optimizer[f]
+                     for f in LR_FOLLOWERS if f in optimizer)
+
+    for as_ratio in (False, True):
+        if len({followers(setting, as_ratio) for setting in members}) == 1:
+            return [members]
+    lines: dict[tuple, list[Setting]] = {}
+    for setting in members:
+        lines.setdefault(followers(setting, as_ratio=True), []).append(setting)
+    return list(lines.values())
 
 
 def sweep_lines(runs: list[Run], parameter: str) -> dict[tuple[str, str, float], list[SweepLine]]:
@@ -52,17 +76,19 @@ def sweep_lines(runs: list[Run], parameter: str) -> dict[tuple[str, str, float],
     panels: dict[tuple[str, str, float], list[SweepLine]] = {}
     for (corpus, model, budget, optimizer), settings in sorted(
             group_settings(runs).items(), key=lambda item: optimizer_order(item[0][3])):
-        lines: dict[str, list[Setting]] = {}
+        groups: dict[str, list[Setting]] = {}
         for setting in settings:
             if getattr(setting.first, parameter) is not None and setting.best_val_losses:
-                lines.setdefault(without(setting.first.setting, parameter), []).append(setting)
+                groups.setdefault(without(setting.first, parameter), []).append(setting)
+        lines = [line for members in groups.values()
+                 for line in (split_by_followers(members) if parameter == "lr" else [members])]
         other = "gamma" if parameter == "lr" else "lr"
-        for members in lines.values():
+        for members in lines:
             if len(members) < 2:
                 continue
             members.sort(key=lambda s: getattr(s.first, parameter))
             fixed = getattr(members[0].first, other)
-            several = sum(len(m) >= 2 for m in lines.values()) > 1
+            several = sum(len(m) >= 2 for m in lines) > 1
             label = display_optimizer(optimizer) + (f", {other} {fixed:g}" if several and fixed is not None else "")
             line = SweepLine(label)
             for setting in members:

@@ -32,6 +32,20 @@ def test_lr_lines_pool_seeds_and_keep_other_settings_apart(sweep):
     assert (mars.label, mars.x, mars.mean) == ("MARS-approx", [3e-3, 1e-2], [6.2, 6.0])  # gamma 0.025 only
 
 
+def test_an_lr_line_joins_runs_whose_second_lr_follows_the_swept_one_at_one_ratio(tmp_path, make_run):
+    # As the authors' configs (and scripts.small_study): MARS's lr_1d = lr / 2, Muon's AdamW part 0.15 x lr.
+    for lr, loss in ((3e-3, 6.2), (1e-2, 6.0), (3e-2, 6.3)):
+        make_run(tmp_path / f"mars-{lr}", [*TINY, "optimizer=mars-adamw", f"optimizer.lr={lr}",
+                                           f"optimizer.lr_1d={lr / 2}"], [10.8, loss], 1024)
+        make_run(tmp_path / f"muon-{lr}", [*TINY, "optimizer=muon", f"optimizer.lr={lr}",
+                                           f"optimizer.adamw_lr={0.15 * lr}"], [10.8, loss - 0.5], 1024)
+    make_run(tmp_path / "mars-other-ratio", [*TINY, "optimizer=mars-adamw", "optimizer.lr=1e-2",
+                                             "optimizer.lr_1d=1e-2"], [10.8, 5.0], 1024)
+    [lines] = sweep_lines(load_runs([str(tmp_path)]), "lr").values()
+    assert sorted((line.label, tuple(line.x)) for line in lines) == [("MARS-approx", (3e-3, 1e-2, 3e-2)),
+                                                                     ("Muon", (3e-3, 1e-2, 3e-2))]
+
+
 def test_gamma_line_runs_through_the_lr_it_was_swept_at(sweep):
     [[line]] = sweep_lines(load_runs([str(sweep)]), "gamma").values()
     assert (line.x, line.mean) == ([0.0, 0.025, 0.05], [6.05, 6.0, 6.1])
