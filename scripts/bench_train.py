@@ -49,9 +49,13 @@ OPTIMIZERS = {  # label: overrides of configs/
     "Muon fused_gram CUDA graph": ["optimizer=muon", "optimizer.ns_form=fused_gram", "optimizer.ns_cuda_graph=true"],
     "MARS-Shampoo": ["optimizer=mars-shampoo"],
     "MARS-Shampoo CUDA graph": ["optimizer=mars-shampoo", "optimizer.ns_cuda_graph=true"],
+    "MARS-M approx": ["optimizer=mars-m"],
+    "MARS-M approx CUDA graph": ["optimizer=mars-m", "optimizer.ns_cuda_graph=true"],
+    "Moonlight": ["optimizer=moonlight"],
 }
 ORTHOGONALISING = {label for label, overrides in OPTIMIZERS.items()
-                   if {"optimizer=muon", "optimizer=mars-shampoo"} & set(overrides)}
+                   if {"optimizer=muon", "optimizer=mars-shampoo", "optimizer=mars-m", "optimizer=moonlight"}
+                   & set(overrides)}
 CUDA_ONLY = {label for label, overrides in OPTIMIZERS.items() if "optimizer.ns_cuda_graph=true" in overrides}
 PHASES = ("data", "forward", "backward", "look-ahead", "clip", "optimizer")
 BASELINE = "AdamW"
@@ -180,8 +184,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="a row per optimizer and size: 0 the plain loss, N > 0 the chunked loss of N tokens "
                              "a chunk (train.loss_chunk_size)")
     parser.add_argument("--ns-dtype", choices=("bfloat16", "float32"), default="bfloat16",
-                        help="Muon's and MARS-Shampoo's Newton-Schulz dtype (float32: ~10x faster on CPUs without "
-                             "bfloat16 units)")
+                        help="Newton-Schulz dtype of the rows that orthogonalise (Muon, MARS-Shampoo, MARS-M, "
+                             "Moonlight; float32: ~10x faster on CPUs without bfloat16 units)")
     parser.add_argument("--override", nargs="*", default=[], help="config overrides for every optimizer's run")
     parser.add_argument("--output-dir", type=Path, default=Path("results"))
     parser.add_argument("--tag", help="name the files bench_train_<device>_<tag>.{md,json}, so that runs of "
