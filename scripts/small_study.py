@@ -15,7 +15,9 @@ using the results of the one before:
    extended by a factor 3 (up to ``MAX_EXTENSIONS`` times) past whichever end of the sweep holds the best lr;
 2. ``seeds``: the best lr of each optimizer again with seeds 1 and 2;
 3. ``gamma``: MARS-AdamW approx at its best lr with other gammas, 0 included (MARS without its correction),
-   each with seed 1337 and the seeds of phase 2 (the paper's 0.025 has them from phases 1 and 2).
+   each with seed 1337 and the seeds of phase 2 (the paper's 0.025 has them from phases 1 and 2);
+4. ``contenders`` (not run by default): the seeds of phase 2 also for every other lr whose seed-1337 loss lies
+   within ``CONTENDER_MARGIN`` of the best, so that each optimizer's best lr can be read off three seeds.
 
 Runs land in ``<out>/<name>/`` (a train.py run directory); a finished run is not run again, so an interrupted
 study resumes where it stopped. Each run uses one thread, ``--jobs`` of them at a time. Then
@@ -41,6 +43,9 @@ STEPS = 200
 SEEDS = (1, 2)  # the extra seeds of phase 2; phase 1 uses train.seed's default, 1337
 GAMMAS = (0.0, 0.01, 0.05)  # phase 3, beside the paper's 0.025 of phase 1; 0: no variance reduction
 MAX_EXTENSIONS = 1  # extra lrs per optimizer when the best one lies at the edge of its sweep
+# Phase "contenders": an lr whose seed-1337 loss lies this close to the best one's gets the extra seeds too (the
+# seed spread at the best lrs is 0.02-0.10), so that the best lr is the best mean of three seeds.
+CONTENDER_MARGIN = 0.1
 MIN_LR = 3e-5  # the GPT-2 small presets' absolute min_lr, for every optimizer (the authors' configs)
 GRAD_MULTIPLIER = 4  # the GPT-2 small presets' gradient scale (the authors' 4 summed micro-batches)
 COMMON = ("model=tiny", "data=embedded", f"train.max_iters={STEPS}", "train.warmup_iters=20",
@@ -164,6 +169,15 @@ def phase_jobs(phase: str, out: Path, optimizers: tuple[Optimizer, ...] = OPTIMI
             lr = best_lr(o, out)
             jobs.update({run_name(o, lr, seed): overrides(o, lr, seed) for seed in SEEDS})
         return jobs
+    if phase == "contenders":
+        jobs = {}
+        for o in optimizers:
+            losses = sweep_losses(o, out)
+            best = min(losses.values())
+            for lr, loss in sorted(losses.items()):
+                if loss != best and loss - best <= CONTENDER_MARGIN:
+                    jobs.update({run_name(o, lr, seed): overrides(o, lr, seed) for seed in SEEDS})
+        return jobs
     if phase == "gamma":
         mars = next((o for o in optimizers if o.name == "mars-approx"), None)
         if mars is None:
@@ -177,7 +191,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "small-study")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
-    parser.add_argument("--phases", nargs="+", choices=("lr", "seeds", "gamma"), default=["lr", "seeds", "gamma"])
+    parser.add_argument("--phases", nargs="+", choices=("lr", "seeds", "gamma", "contenders"),
+                        default=["lr", "seeds", "gamma"])
     parser.add_argument("--only", nargs="+", choices=[o.name for o in OPTIMIZERS],
                         help="these optimizers only, in this order (default: all)")
     parser.add_argument("--dry-run", action="store_true", help="print the train.py commands instead")

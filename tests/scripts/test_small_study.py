@@ -90,6 +90,18 @@ def test_the_gamma_phase_runs_every_gamma_with_every_seed_at_the_best_lr(tmp_pat
     assert ran == expected and len(jobs) == len(expected)
 
 
+def test_contenders_are_the_lrs_within_the_margin_of_the_best_each_with_the_extra_seeds(tmp_path, make_run):
+    adamw = small_study.OPTIMIZERS[0]
+    for o in small_study.OPTIMIZERS:
+        for lr, loss in zip(o.lrs, (6.0, 6.05, 6.5) if o is adamw else (6.5, 6.0, 6.5)):
+            finished_run(make_run, tmp_path, o, lr, loss)
+    jobs = small_study.phase_jobs("contenders", tmp_path)
+    assert sorted(jobs) == sorted(small_study.run_name(adamw, adamw.lrs[1], seed) for seed in small_study.SEEDS)
+    assert small_study.CONTENDER_MARGIN == 0.1
+    for args in jobs.values():
+        assert compose_run(args).optimizer.lr == adamw.lrs[1]
+
+
 def test_only_restricts_the_runs_to_the_named_optimizers_in_their_order(tmp_path, capsys):
     small_study.main(["--out", str(tmp_path), "--phases", "lr", "gamma", "--only", "muon", "adamw", "--dry-run"])
     names = [line.split(":")[0].rsplit("/", 1)[1] for line in capsys.readouterr().out.splitlines()]
