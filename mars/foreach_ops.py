@@ -19,6 +19,14 @@ def cast_like(tensors: list[Tensor], like: list[Tensor]) -> list[Tensor]:
     return [tensor.to(partner.dtype) for tensor, partner in zip(tensors, like)]
 
 
+def clip_to_unit_norm(tensors: list[Tensor]) -> None:
+    """Divide each tensor by its L2 norm where that exceeds 1, in place: the clip of MARS's c_t. Dividing by
+    max(norm, 1) on the device is exact where the norm is at most 1, and reads no norm on the host."""
+    norms = torch._foreach_norm(tensors)
+    torch._foreach_clamp_min_(norms, 1.0)
+    torch._foreach_div_(tensors, norms)
+
+
 def write_back(params: list[Tensor], works: list[Tensor]) -> None:
     """Copy each working copy into its parameter (a parameter that is its own working copy is done already)."""
     copied = [(param, work) for param, work in zip(params, works) if work is not param]

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from mars import reference
-from mars.foreach_ops import by_value, cast_like, write_back
+from mars.foreach_ops import by_value, cast_like, clip_to_unit_norm, write_back
 
 
 def _step_by(params: list[Tensor], directions: list[Tensor], step_sizes: list[float], *, lr: float,
@@ -54,9 +54,7 @@ def mars_m_momenta(grads: list[Tensor], last_grads: list[Tensor], momentum_buffe
         torch._foreach_mul_(corrected, correction)
     torch._foreach_add_(corrected, grads)
     if clip_c:
-        norms = torch._foreach_norm(corrected)
-        torch._foreach_clamp_min_(norms, 1.0)
-        torch._foreach_div_(corrected, norms)
+        clip_to_unit_norm(corrected)
     torch._foreach_mul_(momentum_buffers, momentum)
     torch._foreach_add_(momentum_buffers, corrected, alpha=1 - momentum)
     if remember_grad:

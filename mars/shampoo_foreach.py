@@ -11,7 +11,7 @@ waits for the GPU once per matrix).
 import torch
 from torch import Tensor
 
-from mars.foreach_ops import scale_in_place, shape_scales, write_back
+from mars.foreach_ops import clip_to_unit_norm, scale_in_place, shape_scales, write_back
 
 
 @torch.no_grad()
@@ -23,9 +23,7 @@ def shampoo_directions(grads: list[Tensor], last_grads: list[Tensor], exp_avgs: 
     corrected = torch._foreach_sub(grads32, [last_grad.float() for last_grad in last_grads])
     torch._foreach_mul_(corrected, gamma * (beta1 / (1.0 - beta1)))
     torch._foreach_add_(corrected, grads32)
-    norms = torch._foreach_norm(corrected)
-    torch._foreach_clamp_min_(norms, 1.0)
-    torch._foreach_div_(corrected, norms)
+    clip_to_unit_norm(corrected)
     torch._foreach_mul_(exp_avgs, beta1)
     torch._foreach_add_(exp_avgs, corrected, alpha=1.0 - beta1)
     if remember_grad:

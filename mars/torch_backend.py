@@ -19,6 +19,8 @@ import math
 import torch
 from torch import Tensor
 
+from mars.foreach_ops import clip_to_unit_norm
+
 
 def _as_float32(tensors: list[Tensor]) -> list[Tensor]:
     """The tensors in float32; float32 inputs are returned as they are, not copied."""
@@ -40,9 +42,7 @@ def _corrected_gradients(
     else:
         # lerp(g, g_prev, -s) = g - s * (g_prev - g)
         corrected = torch._foreach_lerp(grads32, last_grads, -correction_scale)
-    norms = torch._foreach_norm(corrected)
-    torch._foreach_clamp_min_(norms, 1.0)
-    torch._foreach_div_(corrected, norms)
+    clip_to_unit_norm(corrected)
     return corrected
 
 
