@@ -494,13 +494,20 @@ def test_state_dict_round_trip_keeps_float32_state_and_steps_identically_on_eith
     assert_same_params_and_state(optimizer, params, resumed, resumed_params)
 
 
+def count_calls(monkeypatch, module, functions) -> list:
+    """A list that gets an entry each time one of ``module``'s ``functions`` is called (they still run)."""
+    calls = []
+    for function in functions:
+        original = getattr(module, function)
+        monkeypatch.setattr(module, function,
+                            lambda *args, original=original, **kwargs: calls.append(1) or original(*args, **kwargs))
+    return calls
+
+
 @pytest.mark.parametrize("foreach, path_taken", [(True, True), (False, False), (None, True)])
 def test_foreach_option_chooses_the_path(foreach, path_taken, monkeypatch):
-    calls = []
-    for function in ("mars_m_momenta", "apply_shape_scaled_updates", "mars_m_adamw_steps"):
-        original = getattr(mars_m_foreach, function)
-        monkeypatch.setattr(mars_m_foreach, function,
-                            lambda *args, original=original, **kwargs: calls.append(1) or original(*args, **kwargs))
+    calls = count_calls(monkeypatch, mars_m_foreach,
+                        ("mars_m_momenta", "apply_shape_scaled_updates", "mars_m_adamw_steps"))
     params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))]
     optimizer = MarsM(params, ns_dtype=torch.float32, foreach=foreach)
     set_grads(params, [torch.randn(4, 3), torch.randn(3)])

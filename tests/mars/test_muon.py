@@ -8,8 +8,9 @@ import pickle
 import pytest
 import torch
 
-from mars import Muon, reference
+from mars import Muon, muon_foreach, reference
 from mars.newton_schulz import assign_owners, newton_schulz_cost
+from tests.mars.test_mars_m import assert_same_params_and_state, count_calls
 from tests.mars.test_newton_schulz import run_on_simulated_ranks
 from tests.mars.test_process_group import start_group  # noqa: F401
 
@@ -390,15 +391,6 @@ def random_grads(shapes, steps, dtype, seed):
     return initial, grads
 
 
-def assert_same_params_and_state(a, a_params, b, b_params):
-    for pa, pb in zip(a_params, b_params):
-        torch.testing.assert_close(pa.detach(), pb.detach(), rtol=0, atol=0)
-        assert set(a.state[pa]) == set(b.state[pb])
-        for key, value in a.state[pa].items():
-            expected = b.state[pb][key]
-            assert torch.equal(value, expected) if torch.is_tensor(value) else value == expected
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("options", [
     dict(),  # the authors': bfloat16 updates, their AdamW, Nesterov
@@ -418,13 +410,7 @@ def test_foreach_steps_bit_for_bit_as_the_per_tensor_path(dtype, options):
 
 @pytest.mark.parametrize("foreach, path_taken", [(True, True), (False, False), (None, True)])
 def test_foreach_option_chooses_the_path(foreach, path_taken, monkeypatch):
-    from mars import muon_foreach
-
-    calls = []
-    for function in ("muon_directions", "apply_muon_updates", "authors_adamw_steps"):
-        original = getattr(muon_foreach, function)
-        monkeypatch.setattr(muon_foreach, function,
-                            lambda *args, original=original, **kwargs: calls.append(1) or original(*args, **kwargs))
+    calls = count_calls(monkeypatch, muon_foreach, ("muon_directions", "apply_muon_updates", "authors_adamw_steps"))
     params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))]
     optimizer = Muon(params, ns_dtype=torch.float32, foreach=foreach)
     for param in params:
