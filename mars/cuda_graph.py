@@ -1,9 +1,9 @@
 """A function of a list of tensors run as one CUDA graph: launched once per call instead of kernel by kernel.
 
-Newton-Schulz on GPT-2's 50 matrices is some 2,000 small kernels per step. Launched one by one from Python, their
-launches are the suspect for the H100's 25-43 ms against a ~3.6 ms compute floor (results/bench_newton_schulz_cuda.md;
-``scripts/bench_newton_schulz.py --profile`` shows how long the GPU is busy); replayed as one graph, they are one
-launch.
+Newton-Schulz on GPT-2's 50 matrices is some 2,000 small kernels per step (about 45 per matrix). Launched one by
+one from Python, their launches are the suspect for the 25.5-42.7 ms an H100 took on 2026-11-23 against a ~3.6 ms
+compute floor (results/bench_newton_schulz_cuda.md; ``scripts/bench_newton_schulz.py --profile`` shows how long
+the GPU is busy); replayed as one graph, they are one launch.
 """
 from collections.abc import Callable, Hashable
 
