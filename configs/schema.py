@@ -35,6 +35,9 @@ class Precision(str, Enum):
 class Sampling(str, Enum):
     random = "random"  # nanoGPT and the official MARS trainer: windows at uniformly random offsets
     sequential = "sequential"  # llm.c: contiguous non-overlapping windows in order, disjoint across ranks
+    # The official FineWeb-Edu trainer: each micro-batch from one shard picked uniformly, windows at uniformly
+    # random offsets inside it (never across a shard boundary)
+    random_shard = "random_shard"
 
 
 class WandbMode(str, Enum):

@@ -2,10 +2,15 @@
 
 A split is ``{split}.bin`` (the embedded corpus, nanoGPT's layout) or numbered shards ``{split}_000000.bin,
 ...`` (``data.prepare``; llm.c's ``<name>_{split}_000001.bin`` too), memory-mapped and read as one stream in
-shard order. Two sampling modes:
+shard order. Three sampling modes:
 
-- ``random`` (nanoGPT, and the official MARS trainer): each window starts at a uniformly random token, drawn
-  from a generator seeded by (seed, split, step, global micro-batch index micro_step * world_size + rank).
+- ``random`` (nanoGPT, and the official MARS trainer on OpenWebText): each window starts at a uniformly random
+  token, drawn from a generator seeded by (seed, split, step, global micro-batch index
+  micro_step * world_size + rank).
+- ``random_shard`` (the official MARS trainer on FineWeb-Edu, ``MARS/train_mars_fw.py:141-149``): the same
+  generator first picks one shard uniformly (whatever its length), then every window of the micro-batch starts
+  at a uniformly random token of that shard such that it ends inside it. A micro-batch's windows thus share a
+  shard, and a short last shard is drawn as often as a full one, as theirs.
 - ``sequential`` (llm.c): the stream is cut into contiguous, non-overlapping windows that are served in order,
   wrapping around at the end of the split (the next epoch). Micro-batch ``(step, micro_step)`` of rank ``r``
   out of ``world_size`` takes the ``batch_size`` windows starting at window
@@ -79,6 +84,7 @@ class ShardedTokens:
         self.shards = shards
         self.paths = paths or []
         self.ends = np.cumsum([len(s) for s in shards])
+        self.starts = self.ends - [len(s) for s in shards]
 
     def __len__(self) -> int:
         return int(self.ends[-1])
@@ -167,6 +173,18 @@ def load_split(data_dir: Path, split: str, vocab_size: int) -> ShardedTokens:
     return ShardedTokens(shards, paths)
 
 
+def _check_shards_hold_a_window(tokens: ShardedTokens, split: str, block_size: int) -> None:
+    """``random_shard`` draws whole windows (block_size + 1 tokens with the target) from inside one shard."""
+    for k, shard in enumerate(tokens.shards):
+        if len(shard) < block_size + 1:
+            name = tokens.paths[k] if tokens.paths else f"shard {k}"
+            raise ValueError(
+                f"data.sampling=random_shard draws each window from inside one shard, but {name} of the {split} "
+                f"split holds {len(shard)} tokens, fewer than train.block_size {block_size} + 1: use "
+                "data.sampling=random, or shards of at least that many tokens"
+            )
+
+
 class TokenBatches:
     """(input, target) batches of ``block_size``-token windows from one split; see the module docstring."""
 
@@ -190,6 +208,8 @@ class TokenBatches:
         self.tokens, self.split = tokens, split
         self.batch_size, self.block_size, self.seed = batch_size, block_size, seed
         self.sampling, self.grad_accum_steps = Sampling(sampling), grad_accum_steps
+        if self.sampling == Sampling.random_shard:
+            _check_shards_hold_a_window(tokens, split, block_size)
         self.rank, self.world_size, self.device = rank, world_size, device
 
     def _first_window(self, step: int, micro_step: int) -> int:
@@ -209,6 +229,10 @@ class TokenBatches:
         # accumulation would.
         global_micro_step = micro_step * self.world_size + self.rank
         rng = np.random.default_rng([self.seed, _SPLIT_IDS[self.split], step, global_micro_step])
+        if self.sampling == Sampling.random_shard:
+            shard = rng.integers(len(self.tokens.shards))
+            shard_length = len(self.tokens.shards[shard])
+            return self.tokens.starts[shard] + rng.integers(0, shard_length - self.block_size, size=self.batch_size)
         return rng.integers(0, len(self.tokens) - self.block_size, size=self.batch_size)
 
     def batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

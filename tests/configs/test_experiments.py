@@ -71,6 +71,9 @@ def test_preset_keeps_the_authors_fixed_settings(name):
     assert (t.lr_schedule.value, t.warmup_iters, t.decay_iters, t.grad_clip) == ("cosine", 2000, None, 1.0)
     # 480 sequences of 1024 tokens per step: 491,520 tokens, as in the authors' scripts on 8 GPUs.
     assert t.global_batch_size == 480
+    # Their OpenWebText batches: windows anywhere in train.bin (MARS/train_mars.py); FineWeb-Edu: one shard per
+    # micro-batch, picked uniformly (MARS/train_mars_fw.py:141-149, MARS_M/train_mars_m_fw.py:141 alike).
+    assert cfg.data.sampling.value == ("random_shard" if name.startswith("fwe") else "random")
 
 
 # The authors' config/train_gpt2_<size>_<optimizer>.py and their README's hyperparameter table.
@@ -93,7 +96,8 @@ AUTHORS = {
                             weight_decay_1d=0.1, min_lr=1e-5, batch=(5, 12)),
     ("xl", "mars"): dict(lr=2e-3, weight_decay=1e-2, betas=[0.95, 0.99], gamma=0.025, lr_1d=1e-3,
                          weight_decay_1d=0.1, min_lr=1e-5, batch=(5, 12)),
-    # MARS_M/config/train_gpt2_<size>_{mars_m,moonlight}.py: learning_rate, weight_decay, beta1, min_lr, gamma.
+    # MARS_M/config/train_gpt2_<size>_{mars_m,moonlight}.py: learning_rate, weight_decay, beta1, min_lr, gamma;
+    # the configs their scripts launch, where MARS_M/README.md:289-294 differs (README: MARS-M and Moonlight).
     ("small", "mars-m"): dict(lr=6e-3, weight_decay=1e-2, momentum=0.95, gamma=0.025, clip_c=True, min_lr=3e-5,
                               batch=(15, 4)),
     ("medium", "mars-m"): dict(lr=5e-3, weight_decay=1e-2, momentum=0.95, gamma=0.025, clip_c=True, min_lr=6e-5,

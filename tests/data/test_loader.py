@@ -11,7 +11,7 @@ from data.loader import ShardedTokens, TokenBatches, build_batches, load_split, 
 from data.shards import ShardError, read_manifest, write_manifest, write_shard
 from data.tokenizer import gpt2_encoding
 
-MODES = [Sampling.random, Sampling.sequential]
+MODES = list(Sampling)
 
 
 def _batches(tokens, **kwargs):
@@ -94,6 +94,39 @@ def test_random_ranks_draw_different_windows():
     tokens = np.arange(100_000)
     assert not torch.equal(_batches(tokens, rank=0, world_size=2).batch(0)[0],
                            _batches(tokens, rank=1, world_size=2).batch(0)[0])
+
+
+def _shard_of(tokens, start):
+    return int(np.searchsorted(tokens.ends, start, side="right"))
+
+
+def test_random_shard_draws_a_micro_batch_from_inside_one_shard_each_shard_alike_whatever_its_length():
+    block = 16
+    tokens = ShardedTokens([np.arange(0, 1000), np.arange(1000, 1050), np.arange(1050, 6050)])
+    batches = _batches(tokens, sampling="random_shard", block_size=block, grad_accum_steps=2)
+    picks, short_shard_offsets = [0, 0, 0], set()
+    for step in range(1500):
+        for micro_step in range(2):
+            starts = _starts(batches, step, micro_step)
+            shard = _shard_of(tokens, starts[0])
+            assert {_shard_of(tokens, s) for s in starts} == {shard}
+            # The whole window, target token included, lies inside the shard.
+            assert all(s + block + 1 <= tokens.ends[shard] for s in starts)
+            picks[shard] += 1
+            if shard == 1:
+                short_shard_offsets.update(s - 1000 for s in starts)
+    assert all(abs(count / 3000 - 1 / 3) < 0.05 for count in picks), picks  # uniform over shards, not tokens
+    assert short_shard_offsets == set(range(50 - block))  # every start that keeps the window inside, no other
+    x, y = batches.batch(7, 1)
+    assert torch.equal(y, x + 1)
+
+
+def test_random_shard_refuses_a_shard_shorter_than_a_window_naming_it(tmp_path):
+    _write_split(tmp_path, "train", [np.arange(500), np.arange(10)])
+    tokens = load_split(tmp_path, "train", vocab_size=50304)
+    with pytest.raises(ValueError, match=r"train_000001.bin of the train split holds 10 tokens.*block_size 16"):
+        _batches(tokens, sampling="random_shard")
+    assert _batches(tokens, sampling="random").batch(0)[0].shape == (4, 16)
 
 
 def test_a_split_reads_as_one_stream_across_shards_of_any_size():
