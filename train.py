@@ -25,9 +25,9 @@ from training.checkpoint import (CheckpointSaveError, UnreadableCheckpoints, che
                                  save_checkpoint, set_aside_checkpoints_after)
 from training.distributed import (DistributedContext, all_gather_objects, distributed_session,
                                   sum_across_ranks, wrap_data_parallel)
-from training.divergence import DivergenceGuard, TrainingDiverged
+from training.divergence import DivergenceGuard, TrainingDiverged, non_finite_entries, non_finite_state_message
 from training.metrics import MetricsLogger
-from training.preemption import PreemptionSignal
+from training.preemption import PreemptionSignal, TerminatedEarlier, refuse_if_terminated
 from training.resume import check_resumable, config_changes, configured_hyperparameters, restore_hyperparameters
 from training.run_dir import RunDirectoryError, RunDirectoryLock, prepare_run_dir, write_hydra_record
 from training.optimizers import build_optimizer, full_state_dict, local_optimizer, state_bytes
@@ -138,6 +138,16 @@ def resume_from(ckpt: dict, checkpoint_path: Path, config_dict: dict, model, opt
     return changes
 
 
+def check_ranks_found_one_checkpoint(path: Path | None, run_dir: Path, ctx: DistributedContext) -> None:
+    """Every rank must resume from the same checkpoint: a rank that could not read the newest one (a lagging
+    network file system) would otherwise train on from another step than the rest."""
+    found = all_gather_objects(None if path is None else path.name, ctx)
+    if len(set(found)) > 1:
+        listed = ", ".join(f"rank {rank}: {name or 'none'}" for rank, name in enumerate(found))
+        raise ValueError(f"the ranks found different newest checkpoints in {run_dir} ({listed}): every rank must "
+                         "see the same run directory, on a file system they share; check it and resume again")
+
+
 def default_run_name(cfg: DictConfig) -> str:
     choices = HydraConfig.get().runtime.choices
     return f"{choices.get('model', 'model')}-{choices.get('optimizer', cfg.optimizer.name)}-{cfg.data.name}"
@@ -158,7 +168,8 @@ def lost_work_message(err: CheckpointSaveError, step: int, previous: Path | None
 def main(cfg: DictConfig) -> None:
     try:
         train(cfg)
-    except (ValueError, FileNotFoundError, TrainingDiverged, CheckpointSaveError, UnreadableCheckpoints) as err:
+    except (ValueError, FileNotFoundError, TrainingDiverged, CheckpointSaveError, UnreadableCheckpoints,
+            TerminatedEarlier) as err:
         # Bad input, divergence and storage faults end the run with their one message, not a traceback.
         raise SystemExit(f"error: {err}") from None
 
@@ -167,21 +178,22 @@ def train(cfg: DictConfig) -> None:
     validate(cfg)
     t = cfg.train
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    with distributed_session(resolve_device(t.device)) as ctx, run_directory(run_dir, cfg, ctx):
-        train_loop(cfg, t, run_dir, ctx)
+    refuse_if_terminated(run_dir)  # a signal stopped an earlier point of this process's sweep
+    with (distributed_session(resolve_device(t.device)) as ctx, run_directory(run_dir, cfg, ctx),
+          PreemptionSignal() as preemption):
+        train_loop(cfg, t, run_dir, ctx, preemption)
 
 
 @contextlib.contextmanager
 def run_directory(run_dir: Path, cfg: DictConfig, ctx: DistributedContext):
-    """Rank 0 locks ``run_dir`` for the run's lifetime, checks it and writes .hydra/; every rank stops alike
-    when the directory cannot be used."""
+    """Rank 0 locks ``run_dir`` for the run's lifetime and checks it; every rank stops alike when the directory
+    cannot be used."""
     lock = RunDirectoryLock(run_dir)
     problem = None
     if ctx.is_main:
         try:
             lock.acquire()
             prepare_run_dir(run_dir, resume=cfg.train.resume, overwrite=cfg.train.overwrite)
-            write_hydra_record(run_dir, cfg)
         except RunDirectoryError as err:
             problem = str(err)
     problems = [message for message in all_gather_objects(problem, ctx) if message]
@@ -193,7 +205,7 @@ def run_directory(run_dir: Path, cfg: DictConfig, ctx: DistributedContext):
         lock.release()
 
 
-def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> None:
+def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preemption: PreemptionSignal) -> None:
     device = ctx.device
     if not ctx.is_main:
         logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the run
@@ -225,8 +237,9 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
     changes = {}
     if t.resume:
         found = latest_checkpoint(run_dir, device)
+        check_ranks_found_one_checkpoint(found and found[0], run_dir, ctx)
         if found is None:
-            log.info("train.resume=true but %s has no checkpoint yet: starting from scratch", run_dir)
+            log.warning("train.resume=true but %s has no checkpoint yet: starting from scratch", run_dir)
         else:
             checkpoint_path, ckpt = found
             changes = resume_from(ckpt, checkpoint_path, config_dict, model, optimizer, ctx)
@@ -239,11 +252,18 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
             if start_step >= t.max_iters:
                 log.info("already at train.max_iters=%d: nothing to do (raise train.max_iters to train on)",
                          t.max_iters)
+                if changes:
+                    log.warning("the changed settings above were not applied: nothing was trained, and the run's "
+                                "record (.hydra/, metrics.jsonl) is left as the run wrote it")
+                return
     train_model = wrap_data_parallel(torch.compile(model, mode=t.compile_mode) if t.compile else model, ctx)
 
     metrics = MetricsLogger(run_dir, cfg.wandb, config_dict, cfg.wandb.run_name or default_run_name(cfg),
                             wandb_run_id, enabled=ctx.is_main)
     metrics.discard_after(start_step if checkpoint_path else -1)  # a fresh start keeps nothing of an old log
+    if ctx.is_main:
+        # Only now, with the resume accepted and steps to train, does this config become the run's record.
+        write_hydra_record(run_dir, cfg)
     if changes:  # the log says from which step on the run ran with which changed settings
         metrics.record({"step": start_step, "resumed_from": str(checkpoint_path),
                         "changed": {key: list(values) for key, values in changes.items()}})
@@ -276,18 +296,25 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
     def checkpoint(step: int) -> Path:
         rng_states = all_gather_objects(rng_state(), ctx)
         optimizer_state = full_state_dict(optimizer)
-        path, failure = None, None
+        path, failure, diverged = None, None, None
         if ctx.is_main:
             state = {"model": model.state_dict(), "optimizer": optimizer_state, "step": step,
                      "tokens": tokens_seen, "rng": rng_states, "config": config_dict,
                      "wandb_run_id": metrics.wandb_run_id, "skipped_steps": guard.skipped_steps}
-            try:
-                path = save_checkpoint(run_dir, step, state, keep=t.keep_checkpoints)
-            except CheckpointSaveError as err:
-                failure = lost_work_message(err, step, checkpoint_path)
+            non_finite = non_finite_entries(state["model"], optimizer_state)
+            if non_finite:
+                diverged = non_finite_state_message(step, non_finite, checkpoint_path)
+            else:
+                try:
+                    path = save_checkpoint(run_dir, step, state, keep=t.keep_checkpoints)
+                except CheckpointSaveError as err:
+                    failure = lost_work_message(err, step, checkpoint_path)
         # A gather, not a barrier: nobody moves on (or exits) before the checkpoint is on disk, and a failed
-        # save stops every rank.
-        failures = [message for message in all_gather_objects(failure, ctx) if message]
+        # or refused save stops every rank.
+        outcomes = all_gather_objects((failure, diverged), ctx)
+        if any(diverged for _, diverged in outcomes):
+            raise TrainingDiverged(next(diverged for _, diverged in outcomes if diverged))
+        failures = [failure for failure, _ in outcomes if failure]
         if failures:
             raise CheckpointSaveError(failures[0])
         return path
@@ -295,7 +322,6 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext) -> No
     schedule = dict(min_lr=t.min_lr, warmup_iters=t.warmup_iters,
                     decay_iters=t.decay_iters or t.max_iters, schedule=t.lr_schedule,
                     decay_fraction=t.decay_fraction)
-    preemption = PreemptionSignal()
     guard = DivergenceGuard(t.max_skipped_steps, skipped_steps)
     if start_step == 0:
         evaluate(0)

@@ -8,8 +8,10 @@ and ``.hydra/config.yaml``. Optionally reads wandb CSV exports of a ``val/loss``
 ``<run name> - val/loss``), whose run names must be preset names (``owt-gpt2-small-5b-mars-approx``: what the
 presets in configs/experiment/ set as wandb.run_name). Runs that differ only in the seed are averaged; among
 the settings of one optimizer (a sweep), the best is reported. The first table has the paper's layout, one per
-corpus, each cell ``ours / paper (ours - paper)``; the second lists every setting. The table is printed and
-written to ``--out``, by default ``val_loss_table.md`` in the deepest directory holding every run and export.
+corpus, each cell ``ours / paper (ours - paper)``; the second lists every setting. A figure that includes a run
+whose last logged step is short of its max_iters (preempted and never resumed, killed, still running) is marked
+``*``, and the legend and the runs column say where each such run stopped. The table is printed and written to
+``--out``, by default ``val_loss_table.md`` in the deepest directory holding every run and export.
 
 Two kinds of figure stand at a budget B such as 5B tokens, in rows of their own: that of separate runs configured
 for B (a cosine schedule that ends at B: the presets of that budget), and, in the rows "<optimizer>, within <L>
@@ -54,6 +56,7 @@ PRESET_NAME = re.compile(r"(?P<corpus>owt|fwe)-gpt2-(?P<model>small|medium|large
                          r"(?P<optimizer>adamw|muon|mars-approx|mars-exact)")
 PRESET_CORPORA = {"owt": "openwebtext", "fwe": "fineweb-edu"}
 MISSING = "–"
+STOPPED = "*"  # marks a figure that includes runs stopped before their max_iters
 DEFAULT_OUT_NAME = "val_loss_table.md"
 
 log = logging.getLogger(__name__)
@@ -89,14 +92,18 @@ def preset_max_iters(name: str) -> int | None:
     return OmegaConf.load(path)["train"]["max_iters"] if path.is_file() else None
 
 
-def format_difference(ours: float | None, paper: float | None) -> str:
+def format_difference(ours: float | None, paper: float | None, mark: str = "") -> str:
     if ours is None and paper is None:
         return MISSING
     if paper is None:
-        return f"{ours:.3f}"
+        return f"{ours:.3f}{mark}"
     if ours is None:
         return f"{MISSING} / {paper:.3f}"
-    return f"{ours:.3f} / {paper:.3f} ({ours - paper:+.3f})"
+    return f"{ours:.3f}{mark} / {paper:.3f} ({ours - paper:+.3f})"
+
+
+def stopped_at(run: Run) -> str:
+    return f"at step {run.last_step:,} of {run.max_iters:,}"
 
 
 def budget_columns(groups: dict[tuple, list[Setting]], corpus: str) -> list[float]:
@@ -122,8 +129,9 @@ def within_run_bests(groups: dict[tuple, list[Setting]]) -> dict[tuple[str, str,
     return bests
 
 
-def legend(within_rows: bool, paper_numbers: bool) -> list[str]:
-    """What the two kinds of row mean, under a table with within-run rows or paper numbers."""
+def legend(within_rows: bool, paper_numbers: bool, stopped: list[Run]) -> list[str]:
+    """What the two kinds of row mean, under a table with within-run rows or paper numbers, and where the runs
+    behind figures marked STOPPED stopped."""
     sentences = ["Rows named after an optimizer alone: separate runs, each with a cosine schedule that ends at the "
                  "column's budget (the presets of that budget)."]
     if within_rows:
@@ -135,6 +143,10 @@ def legend(within_rows: bool, paper_numbers: bool) -> list[str]:
     if paper_numbers:
         sentences.append("The paper's 5B and 20B columns are most likely of the within-run kind: the authors' "
                          "configs define only 100,000-step (50B-token) runs.")
+    if stopped:
+        sentences.append(f"Figures marked {STOPPED} include runs that stopped before their configured steps "
+                         "(preempted and never resumed, killed, or still running): "
+                         + ", ".join(f"{Path(run.name).name} {stopped_at(run)}" for run in stopped) + ".")
     return [" ".join(sentences), ""]
 
 
@@ -156,13 +168,18 @@ def paper_layout(groups: dict[tuple, list[Setting]]) -> list[str]:
         headers = [f"{display_model(model)}, {tokens_label(budget)} tokens" for model, budget in columns]
         lines += [f"### {display_corpus(corpus)}: best validation loss, ours / paper (difference)", "",
                   "| optimizer | " + " | ".join(headers) + " |", "|---|" + "---:|" * len(columns)]
+        stopped = []
         for optimizer in sorted(optimizers, key=optimizer_order):
             papers = [PAPER_VAL_LOSS.get((corpus, *column), {}).get(optimizer) for column in columns]
             cells = []
             for column, paper in zip(columns, papers):
                 settings = groups.get((corpus, *column, optimizer))
-                cells.append(format_difference(
-                    settings[0].mean_best_val_loss if settings and settings[0].best_val_losses else None, paper))
+                best = settings[0] if settings and settings[0].best_val_losses else None
+                if best is None:
+                    cells.append(format_difference(None, paper))
+                    continue
+                stopped += best.stopped_runs
+                cells.append(format_difference(best.mean_best_val_loss, paper, STOPPED if best.stopped_runs else ""))
             lines.append(f"| {display_optimizer(optimizer)} | " + " | ".join(cells) + " |")
             for run_budget in sorted({run_budget for _, _, o, run_budget in prefixes if o == optimizer}):
                 losses = [prefixes.get((*column, optimizer, run_budget)) for column in columns]
@@ -170,7 +187,8 @@ def paper_layout(groups: dict[tuple, list[Setting]]) -> list[str]:
                 lines.append(f"| {display_optimizer(optimizer)}, within {tokens_label(run_budget)} run | "
                              + " | ".join(cells) + " |")
         paper_numbers = any((corpus, *column) in PAPER_VAL_LOSS for column in columns)
-        lines += [""] + (legend(bool(prefixes), paper_numbers) if prefixes or paper_numbers else [])
+        lines += [""] + (legend(bool(prefixes), paper_numbers, stopped) if prefixes or paper_numbers or stopped
+                         else [])
     return lines
 
 
@@ -183,20 +201,27 @@ def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
              "within first B: the best validation loss within the first B tokens of these runs)",
              "", "| corpus | model | tokens | optimizer | lr | gamma | seeds | best val loss | sd | within first B | "
              "runs |", "|---|---|---:|---|---:|---:|---:|---:|---:|---|---|"]
+    any_stopped = False
     for (corpus, model, budget, optimizer), settings in sorted(groups.items(), key=lambda item: group_order(*item[0])):
         budgets = budget_columns(groups, corpus)
         for setting in settings:
             losses, run = setting.best_val_losses, setting.first
             spread = f"{statistics.stdev(losses):.3f}" if len(losses) > 1 else MISSING
-            best = f"{statistics.fmean(losses):.3f}" if losses else MISSING
+            mark = STOPPED if setting.stopped_runs else ""
+            any_stopped |= bool(mark)
+            best = f"{statistics.fmean(losses):.3f}{mark}" if losses else MISSING
             lr = f"{run.lr:g}" if run.lr is not None else MISSING
             gamma = f"{run.gamma:g}" if run.gamma is not None else MISSING
             within = ", ".join(f"{tokens_label(b)}: {loss:.3f}"
                                for b, loss in within_run_losses(setting, budget, budgets).items()) or MISSING
-            names = ", ".join(Path(r.name).name for r in setting.runs)
+            names = ", ".join(Path(r.name).name + (f" (stopped {stopped_at(r)})" if r.stopped_early else "")
+                              for r in setting.runs)
             lines.append(f"| {display_corpus(corpus)} | {display_model(model)} | {tokens_label(budget)} | "
                          f"{display_optimizer(optimizer)} | {lr} | {gamma} | {len(setting.runs)} | {best} | "
                          f"{spread} | {within} | {names} |")
+    if any_stopped:
+        lines += ["", f"Best val losses marked {STOPPED} include runs that stopped before their configured steps: "
+                  "the runs column says where."]
     return lines + [""]
 
 

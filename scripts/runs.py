@@ -2,8 +2,10 @@
 
 A run directory is what train.py writes: ``metrics.jsonl`` and ``.hydra/config.yaml``. Each run is labelled by
 corpus, model size, optimizer and token budget; runs whose configs differ only in the seed (or in settings that
-do not change the result: device, paths, logging, checkpointing) share a ``setting`` and count as seeds of it;
-a run resumed with changed settings (a ``changed`` record in its log) is a setting of its own.
+do not change the result: device, paths, logging, checkpointing, where a named corpus lies) share a ``setting``
+and count as seeds of it; a run resumed with changed settings, seed or data (a ``changed`` record in its log) is
+a setting of its own. A run whose last logged step is short of its ``max_iters`` (``Run.stopped_early``) stopped
+or is still going: the table marks it.
 Besides a run's best validation loss, its best within the first B tokens (``Run.best_val_loss_within``) is what
 a shorter budget B reads off a longer run.
 Used by ``scripts.make_table`` and ``scripts.plot_curves``.
@@ -11,18 +13,20 @@ Used by ``scripts.make_table`` and ``scripts.plot_curves``.
 import argparse
 import dataclasses
 import glob
+import itertools
 import json
 import logging
 import math
+import os
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from configs.schema import OPTIMIZER_SCHEMAS, ModelConfig, TrainConfig
+from configs.schema import OPTIMIZER_SCHEMAS, DataConfig, ModelConfig, TrainConfig
 from training.metrics import METRICS_FILE, read_metrics
 from training.resume import flat_items
 
@@ -46,7 +50,7 @@ SETTING_KEYS = ("batch_size", "block_size", "grad_accum_steps", "max_iters", "lr
 @dataclass
 class Run:
     name: str  # the run directory, or the wandb run name
-    corpus: str  # data.name: openwebtext, fineweb-edu, embedded, ...
+    corpus: str  # openwebtext, fineweb-edu, embedded, or else data.name and data.dir (custom:/data/shards)
     model: str  # small, medium, large, xl, or <layers>x<width> for other shapes
     optimizer: str  # adamw, muon, mars-approx, mars-exact (mars-lion-approx, ... for other MARS types)
     budget: float  # tokens the run is configured to train on
@@ -65,6 +69,15 @@ class Run:
     def best_val_loss(self) -> float | None:
         losses = [r["val/loss"] for r in self.evaluations]
         return min(losses) if losses else None
+
+    @property
+    def last_step(self) -> int:
+        return max((r["step"] for r in self.records), default=0)
+
+    @property
+    def stopped_early(self) -> bool:
+        """Whether the run logged no step as far as its max_iters: stopped (preempted, killed) or still going."""
+        return self.max_iters is not None and self.last_step < self.max_iters
 
     def prefix_steps(self, tokens: float) -> int | None:
         """The steps of the first ``tokens`` (a nominal budget, 5e9) of this run, as the presets count them.
@@ -141,9 +154,12 @@ def load_run(run_dir: Path) -> Run | None:
     # later ones at the default count as one setting.
     train_defaults = schema_defaults(TrainConfig)
     optimizer_cfg = {**RAN_BEFORE_THE_KEY_EXISTED.get(cfg["optimizer"]["name"], {}), **cfg["optimizer"]}
+    corpus = corpus_of(cfg["data"])
+    # The corpus stands for data.name and data.dir: its shard directory tells a custom corpus, not a named one.
+    data_cfg = {**schema_defaults(DataConfig), **cfg["data"], "name": corpus}
     setting = {"model": {**schema_defaults(ModelConfig), **cfg["model"]},
                "optimizer": without_defaults(optimizer_cfg),
-               "data": {key: value for key, value in cfg["data"].items() if key != "dir"},
+               "data": {key: value for key, value in data_cfg.items() if key != "dir"},
                "train": {key: cfg["train"].get(key, train_defaults.get(key)) for key in SETTING_KEYS},
                "tokens_per_step": tokens_per_step}
     # A run resumed with changed settings ran part of its steps under others than its saved config says: it is
@@ -152,7 +168,7 @@ def load_run(run_dir: Path) -> Run | None:
                if (changed := {key: values for key, values in r.get("changed", {}).items() if changes_setting(key)})]
     if changes:
         setting["changed_on_resume"] = changes
-    return Run(name=str(run_dir), corpus=cfg["data"]["name"], model=model_label(cfg["model"]),
+    return Run(name=str(run_dir), corpus=corpus, model=model_label(cfg["model"]),
                optimizer=optimizer_label(cfg["optimizer"]), budget=budget,
                setting=json.dumps(setting, sort_keys=True), lr=cfg["optimizer"]["lr"],
                gamma=cfg["optimizer"].get("gamma"), records=records, max_iters=cfg["train"]["max_iters"],
@@ -160,10 +176,45 @@ def load_run(run_dir: Path) -> Run | None:
 
 
 def changes_setting(key: str) -> bool:
-    """Whether a config key (``optimizer.lr``) is part of what :func:`load_run` calls a run's setting."""
+    """Whether a change of a config key (``optimizer.lr``) on resume makes a run a setting of its own.
+
+    So does a change of a key of what :func:`load_run` calls a run's setting, and one of the seed or the data
+    (even of a named corpus' data.dir: fineweb-edu's 10B and 100B samples lie in two directories): the run
+    shares its first steps and initial weights with the seed it started as, and is no independent seed.
+    """
     section, _, name = key.partition(".")
-    return (section in ("model", "optimizer") or (section == "data" and name != "dir")
-            or (section == "train" and name in SETTING_KEYS))
+    return section in ("model", "optimizer", "data") or (section == "train" and name in (*SETTING_KEYS, "seed"))
+
+
+def corpus_of(data_cfg: dict) -> str:
+    """What a run trains and is evaluated on: a named corpus wherever it lies (``openwebtext``), or else the
+    shard directory (``custom:/data/shards``)."""
+    if data_cfg["name"] in CORPUS_NAMES or not data_cfg.get("dir"):
+        return data_cfg["name"]
+    return f"{data_cfg['name']}:{os.path.normpath(data_cfg['dir'])}"
+
+
+def short_corpus_names(corpora: Collection[str]) -> dict[str, str]:
+    """Names that tell ``corpora`` apart, for tables and file names: a named corpus' own; else its name and its
+    shard directory's, with as many parent directories as it takes (``custom-a-shards``, ``custom-b-shards``)."""
+    directories = {corpus: directory_parts(corpus.partition(":")[2]) for corpus in corpora if ":" in corpus}
+    names = {corpus: corpus for corpus in corpora if corpus not in directories}
+    for corpus, parts in directories.items():
+        shared = max((common_tail_length(parts, other) for c, other in directories.items() if c != corpus),
+                     default=0)
+        names[corpus] = "-".join([corpus.partition(":")[0], *parts[-(shared + 1):]])
+    return names
+
+
+def directory_parts(directory: str) -> tuple[str, ...]:
+    """The names of a path's directories, without its root (``/data/shards``: data, shards)."""
+    path = Path(directory)
+    return path.parts[1:] if path.anchor else path.parts
+
+
+def common_tail_length(parts: tuple[str, ...], other: tuple[str, ...]) -> int:
+    """How many trailing names two paths share."""
+    return sum(1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], zip(reversed(parts), reversed(other))))
 
 
 def schema_defaults(schema: type) -> dict:
@@ -242,6 +293,11 @@ class Setting:
         losses = self.best_val_losses
         return statistics.fmean(losses) if losses else math.inf
 
+    @property
+    def stopped_runs(self) -> list[Run]:
+        """The seeds that stopped short of their max_iters (or are still going)."""
+        return [run for run in self.runs if run.stopped_early]
+
     def best_val_losses_within(self, tokens: float) -> list[float]:
         """Each seed's best validation loss within its first ``tokens``, for the seeds that got past them."""
         losses = (run.best_val_loss_within(tokens) for run in self.runs)
@@ -259,14 +315,16 @@ def setting_labels(settings: list[Setting]) -> list[str]:
 
 
 def group_settings(runs: list[Run]) -> dict[tuple[str, str, float, str], list[Setting]]:
-    """Settings (seeds pooled) under (corpus, model, nominal token budget, optimizer), best mean first."""
+    """Settings (seeds pooled) under (corpus, model, nominal token budget, optimizer), best mean first; the
+    corpus as :func:`short_corpus_names` names it."""
     by_setting: dict[str, list[Run]] = {}
     for run in runs:
         by_setting.setdefault(run.setting, []).append(run)
+    corpus_names = short_corpus_names({run.corpus for run in runs})
     groups: dict[tuple[str, str, float, str], list[Setting]] = {}
     for seeds in by_setting.values():
         run = seeds[0]
-        key = (run.corpus, run.model, nominal_tokens(run.budget), run.optimizer)
+        key = (corpus_names[run.corpus], run.model, nominal_tokens(run.budget), run.optimizer)
         groups.setdefault(key, []).append(Setting(seeds))
     for settings in groups.values():
         settings.sort(key=lambda setting: setting.mean_best_val_loss)

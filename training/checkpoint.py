@@ -1,11 +1,15 @@
 """Checkpoints written atomically: a crash mid-save leaves the previous checkpoint intact and loadable."""
 import logging
 import os
+import re
 from pathlib import Path
 
 import torch
 
 log = logging.getLogger(__name__)
+
+# What save_checkpoint names a checkpoint; any other file (a user's ckpt_best.pt) is neither pruned nor resumed.
+CHECKPOINT_NAME = re.compile(r"ckpt_(\d+)\.pt")
 
 
 class CheckpointSaveError(RuntimeError):
@@ -22,7 +26,14 @@ def checkpoint_dir(run_dir: Path) -> Path:
 
 def checkpoint_step(path: Path) -> int:
     """The step a checkpoint file was saved at, from its name (ckpt_00000250.pt)."""
-    return int(Path(path).stem.removeprefix("ckpt_"))
+    return int(CHECKPOINT_NAME.fullmatch(Path(path).name).group(1))
+
+
+def checkpoint_files(run_dir: Path) -> list[Path]:
+    """The run's checkpoints, oldest step first: only files named as ``save_checkpoint`` names them, ordered by
+    their step (not their name, which a step past 99,999,999 would outgrow)."""
+    paths = [path for path in checkpoint_dir(run_dir).glob("ckpt_*.pt") if CHECKPOINT_NAME.fullmatch(path.name)]
+    return sorted(paths, key=checkpoint_step)
 
 
 def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
@@ -40,7 +51,7 @@ def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
     except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
         tmp.unlink(missing_ok=True)  # a partial file would fill the disk further and confuse the next save
         raise CheckpointSaveError(f"could not write {path}: {err}") from err
-    for old in sorted(directory.glob("ckpt_*.pt"))[:-keep]:
+    for old in checkpoint_files(run_dir)[:-keep]:
         old.unlink()
     return path
 
@@ -54,7 +65,7 @@ def latest_checkpoint(run_dir: Path, device: torch.device) -> tuple[Path, dict] 
 
     Raises :class:`UnreadableCheckpoints` when there are checkpoints and none loads.
     """
-    paths = sorted(checkpoint_dir(run_dir).glob("ckpt_*.pt"), reverse=True)
+    paths = checkpoint_files(run_dir)[::-1]
     for path in paths:
         try:
             return path, load_checkpoint(path, device)
@@ -75,7 +86,7 @@ def set_aside_checkpoints_after(run_dir: Path, step: int) -> list[Path]:
     Pruning keeps the highest step numbers: left in place, they would outlive the resumed run's new checkpoints.
     """
     set_aside = []
-    for path in sorted(checkpoint_dir(run_dir).glob("ckpt_*.pt")):
+    for path in checkpoint_files(run_dir):
         if checkpoint_step(path) > step:
             target = path.with_name(path.name + ".unreadable")
             path.rename(target)

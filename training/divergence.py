@@ -1,6 +1,9 @@
-"""Stop on a non-finite loss or gradient norm, or skip up to a set number of such steps first."""
+"""Stop on a non-finite loss or gradient norm, or skip up to a set number of such steps first; never save a
+checkpoint whose weights or optimizer state are not finite."""
 import logging
 import math
+
+import torch
 
 log = logging.getLogger(__name__)
 
@@ -43,3 +46,23 @@ class DivergenceGuard:
                     "train.max_skipped_steps=%d)", loss, grad_norm, step, self.skipped_steps,
                     self.max_skipped_steps)
         return False
+
+
+def non_finite_entries(model_state: dict, optimizer_state: dict) -> list[str]:
+    """The names of the floating tensors of a checkpoint's model and optimizer state that hold a NaN or an inf.
+
+    An update can turn finite gradients into non-finite weights (an lr far too high); such a state must not be
+    saved, where it would replace the good checkpoints and be resumed from.
+    """
+    named = [(f"model {name}", tensor) for name, tensor in model_state.items()]
+    named += [(f"optimizer {key} of parameter {index}", value)
+              for index, state in optimizer_state.get("state", {}).items() for key, value in state.items()]
+    return [name for name, tensor in named
+            if torch.is_tensor(tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+
+
+def non_finite_state_message(step: int, names: list[str], checkpoint_path) -> str:
+    listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"the state after step {step} holds non-finite values ({listed}): its checkpoint is not written, so "
+            f"that no resume starts from it; last good checkpoint: {checkpoint_path or 'none written yet'}. Lower "
+            "optimizer.lr or raise train.warmup_iters, then resume with train.resume=true")

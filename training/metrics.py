@@ -1,6 +1,7 @@
 """Run logging: metrics.jsonl always (no network needed), wandb when enabled, one console line per event."""
 import json
 import logging
+import os
 from pathlib import Path
 
 from configs.schema import WandbMode
@@ -70,12 +71,22 @@ class MetricsLogger:
         return self.wandb_run.id if self.wandb_run else None
 
     def discard_after(self, step: int) -> None:
-        """Drop records past ``step``: a resumed run rewrites what the interrupted one logged after its checkpoint."""
+        """Drop records past ``step``: a resumed run rewrites what the interrupted one logged after its checkpoint.
+
+        Also dropped: the record of an earlier resume from ``step`` itself, whose steps are gone (this resume
+        writes its own). The log is replaced atomically (temp file, fsync, rename): a kill while it is being
+        rewritten leaves the old log, never an empty one.
+        """
         if not self.enabled:
             return
-        kept = [r for r in read_metrics(self.path.parent) if r["step"] <= step]
-        with open(self.path, "w") as f:
+        kept = [r for r in read_metrics(self.path.parent)
+                if r["step"] < step or (r["step"] == step and "resumed_from" not in r)]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
 
     def record(self, record: dict) -> None:
         """Append ``record`` to the log file only (an event such as a resume, not a metric)."""

@@ -14,6 +14,8 @@ STATE_DEFINING_KEYS = {
     "model.block_size": "the model's shape (position embeddings)",
     "model.vocab_size": "the vocabulary (embedding and head rows)",
     "model.bias": "the model's parameters",
+    "model.activation": "what the trained weights compute",
+    "model.scale_attn_by_inverse_layer_idx": "what the trained weights compute",
     "optimizer.name": "the optimizer and its state",
     "optimizer.mars_type": "the MARS variant and its state",
     "optimizer.is_approx": "the MARS scheme (exact or approximate) and its remembered gradients",

@@ -5,18 +5,26 @@ import errno
 import fcntl
 import logging
 import os
+import shutil
 import socket
 from pathlib import Path
+from typing import TextIO
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from training.checkpoint import checkpoint_dir
+from training.checkpoint import checkpoint_dir, checkpoint_files
 from training.metrics import METRICS_FILE
 
 log = logging.getLogger("train")
 
 LOCK_FILE = "run.lock"
+HYDRA_LOG = "train.log"  # Hydra's job log, ${hydra.job.name}.log, opened (appending) before the lock is taken
+SET_ASIDE_LOG = "metrics.before-restart-{stamp}.jsonl"
+WANDB_DIR = "wandb"  # wandb.init(dir=run_dir) keeps its runs there
+# errno of a file system without flock (some Lustre mounts): the run goes on unprotected rather than not at all
+LOCKS_UNSUPPORTED = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
+LOCK_ATTEMPTS = 3
 
 
 class RunDirectoryError(ValueError):
@@ -24,49 +32,104 @@ class RunDirectoryError(ValueError):
 
 
 class RunDirectoryLock:
-    """An exclusive lock on ``run_dir`` held while a run writes to it (``flock`` on ``run_dir/run.lock``).
+    """An exclusive lock on ``run_dir`` held while a run writes to it: ``flock`` on the directory itself and on
+    ``run_dir/run.lock``.
 
-    The kernel drops the lock when its process dies, however it dies, so a crashed run never blocks its own
-    resume; the file keeps the holder's host and pid for the message a second run gets. Where the file system
-    has no locks (some Lustre mounts), the run goes on with a warning.
+    The kernel drops both when the process dies, however it dies, so a crashed run never blocks its own resume.
+    The directory's lock cannot be lifted by deleting a file (a user removing a "stale" run.lock while the run
+    lives); run.lock's is the one other hosts see on NFS (where a directory's flock is local to each host), and
+    the file keeps the holder's host and pid for the message a second run gets. Where the file system has no
+    locks (some Lustre mounts), the run goes on with a warning.
     """
 
     def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / LOCK_FILE
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self.directory = None  # descriptor of the locked directory
         self.file = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        file = open(self.path, "a+")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            file.seek(0)
-            holder = file.read().strip() or "another process"
+            self.directory = self._lock_directory()
+            self.file = self._lock_file()
+        except BaseException:
+            self.release()
+            raise
+        if self.file is not None:
+            self.file.seek(0)
+            self.file.truncate()
+            self.file.write(f"host {socket.gethostname()}, pid {os.getpid()}, since "
+                            f"{datetime.datetime.now().isoformat(timespec='seconds')}\n")
+            self.file.flush()
+
+    def _lock_directory(self) -> int | None:
+        """Open and lock the directory; ``None`` where its file system cannot (run.lock's lock then stands alone)."""
+        directory = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            unsupported = self._flock(directory)
+        except BaseException:
+            os.close(directory)
+            raise
+        if unsupported is not None:
+            os.close(directory)
+            return None
+        return directory
+
+    def _lock_file(self) -> TextIO | None:
+        """Open and lock run.lock; ``None`` where the file system has no locks."""
+        for _ in range(LOCK_ATTEMPTS):
+            file = open(self.path, "a+")
+            try:
+                unsupported = self._flock(file)
+            except BaseException:
+                file.close()
+                raise
+            if unsupported is not None:
+                file.close()
+                log.warning("the file system of %s does not support locks (%s): a second run started in this "
+                            "directory%s would not be stopped", self.run_dir, unsupported,
+                            " on another host" if self.directory is not None else "")
+                return None
+            try:
+                if os.path.samestat(os.fstat(file.fileno()), os.stat(self.path)):
+                    return file
+            except FileNotFoundError:
+                pass
+            # run.lock was deleted or replaced between open and flock: the lock is on a file no one else will
+            # open, so lock the one the path names now.
             file.close()
+        raise RunDirectoryError(f"{self.path} was deleted or replaced {LOCK_ATTEMPTS} times while this run locked "
+                                "it: stop whatever removes it, or give this run its own hydra.run.dir")
+
+    def _flock(self, target) -> OSError | None:
+        """``flock`` the directory's descriptor or run.lock; returns the error of a file system without locks."""
+        try:
+            fcntl.flock(target, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = self.path.read_text().strip()
+            except FileNotFoundError:  # deleted while its holder runs
+                holder = ""
             raise RunDirectoryError(
-                f"{self.path.parent} is in use by a running training run ({holder}): two runs in one directory "
-                "would mix their logs and checkpoints. Give this run its own hydra.run.dir, or stop the other "
-                "run first"
+                f"{self.run_dir} is in use by a running training run ({holder or 'another process'}): two runs in "
+                "one directory would mix their logs and checkpoints. Give this run its own hydra.run.dir, or stop "
+                "the other run first"
             ) from None
         except OSError as err:
-            if err.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+            if err.errno not in LOCKS_UNSUPPORTED:
                 raise
-            log.warning("the file system of %s does not support locks (%s): a second run started in this "
-                        "directory would not be stopped", self.path.parent, err)
-            file.close()
-            return
-        file.seek(0)
-        file.truncate()
-        file.write(f"host {socket.gethostname()}, pid {os.getpid()}, since "
-                   f"{datetime.datetime.now().isoformat(timespec='seconds')}\n")
-        file.flush()
-        self.file = file
+            return err
+        return None
 
     def release(self) -> None:
+        # Closing drops the flocks; run.lock stays (unlinking it would race a new holder).
         if self.file is not None:
-            self.file.close()  # closing drops the flock; the file stays (unlinking it would race a new holder)
+            self.file.close()
             self.file = None
+        if self.directory is not None:
+            os.close(self.directory)
+            self.directory = None
 
     def __enter__(self) -> "RunDirectoryLock":
         self.acquire()
@@ -99,17 +162,22 @@ def remove_partial_checkpoints(run_dir: Path) -> None:
 
 
 def previous_run_files(run_dir: Path) -> list[Path]:
-    """The checkpoints and the non-empty metrics log that a run left in ``run_dir``."""
-    files = sorted(checkpoint_dir(run_dir).glob("ckpt_*.pt"))
-    metrics = Path(run_dir) / METRICS_FILE
+    """The records a run left in ``run_dir``: its checkpoints (those set aside as unreadable too), its non-empty
+    metrics log and the logs set aside at restarts, and its wandb runs. (.hydra/ is rewritten by every run.)"""
+    run_dir, checkpoints = Path(run_dir), checkpoint_dir(run_dir)
+    files = checkpoint_files(run_dir) + sorted(checkpoints.glob("ckpt_*.pt.unreadable"))
+    metrics = run_dir / METRICS_FILE
     if metrics.is_file() and metrics.stat().st_size > 0:
         files.append(metrics)
+    files += sorted(run_dir.glob(SET_ASIDE_LOG.format(stamp="*")))
+    if (run_dir / WANDB_DIR).exists():
+        files.append(run_dir / WANDB_DIR)
     return files
 
 
 def claim_for_fresh_start(run_dir: Path, overwrite: bool) -> None:
-    """A run starting from step 0 owns ``run_dir``: refuse one that holds another run's history, or, with
-    ``overwrite``, delete that history (nothing of the old run may be mixed into the new one)."""
+    """A run starting from step 0 owns ``run_dir``: refuse one that holds another run's records, or, with
+    ``overwrite``, delete them (nothing of the old run may be mixed into the new one)."""
     files = previous_run_files(run_dir)
     if not files:
         return
@@ -119,9 +187,18 @@ def claim_for_fresh_start(run_dir: Path, overwrite: bool) -> None:
             f"{run_dir} already holds a run ({listing}). Continue it with train.resume=true, start over in it "
             "with train.overwrite=true (deletes those files), or give this run another hydra.run.dir"
         )
+    hydra_log = Path(run_dir) / HYDRA_LOG
+    if hydra_log.is_file():
+        # Emptied, not deleted: Hydra already has it open for this run, appending (so at the new end). Emptied
+        # first, so that the warning below opens the new run's log.
+        os.truncate(hydra_log, 0)
+        listing += f", and the old lines of {hydra_log}"
     log.warning("train.overwrite=true: deleting the previous run's %s", listing)
     for path in files:
-        path.unlink()
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def set_aside_orphan_log(run_dir: Path) -> Path | None:
@@ -131,18 +208,22 @@ def set_aside_orphan_log(run_dir: Path) -> Path | None:
     if not metrics.is_file() or metrics.stat().st_size == 0:
         return None
     stamp = datetime.datetime.fromtimestamp(metrics.stat().st_mtime).strftime("%Y%m%d-%H%M%S")
-    kept = metrics.with_name(f"metrics.before-restart-{stamp}.jsonl")
+    kept = metrics.with_name(SET_ASIDE_LOG.format(stamp=stamp))
     metrics.rename(kept)
     return kept
 
 
 def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
     """Checks and tidying before a run writes into ``run_dir`` (rank 0, with the directory locked)."""
+    if resume and overwrite:
+        raise RunDirectoryError(
+            f"train.resume=true continues the run in {run_dir} and train.overwrite=true deletes it: pick one"
+        )
     check_writable(run_dir)
     remove_partial_checkpoints(run_dir)
     if not resume:
         claim_for_fresh_start(run_dir, overwrite)
-    elif not any(checkpoint_dir(run_dir).glob("ckpt_*.pt")):
+    elif not checkpoint_files(run_dir):
         kept = set_aside_orphan_log(run_dir)
         if kept is not None:
             log.warning("train.resume=true but %s has no checkpoint: the run starts from step 0, and the log of "

@@ -55,6 +55,29 @@ def test_submitit_runs_each_sweep_point_as_one_job_of_two_ranks(tmp_path):
         assert step["tokens"] == 2 * 2 * 2 * 16  # 2 steps x 2 ranks x batch 2 x block 16
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", [[], ["hydra/launcher=submitit_local"]], ids=["local", "submitit"])
+def test_a_sweep_claims_its_own_directory_and_every_point_lands_in_it(tmp_path, launcher):
+    # Two sweeps started in the same second used to share multirun/<date>/<time>, mixing their runs. The default
+    # is checked here; the runs claim under tmp_path instead of the repository's multirun/.
+    assert OmegaConf.to_container(job_config().hydra.sweep)["dir"] == "${unique_run_dir:multirun}"  # unresolved
+    if launcher:
+        pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    parent = tmp_path / "multirun"
+    for _ in range(2):
+        result = subprocess.run([sys.executable, "train.py", "-m", "optimizer.gamma=0.01,0.05", *TINY, *launcher,
+                                 f"hydra.sweep.dir=${{unique_run_dir:{parent}}}"], cwd=REPO, capture_output=True,
+                                text=True, timeout=600)
+        assert result.returncode == 0, result.stdout + result.stderr
+    # Each launch claimed one sweep directory (the jobs of a submitit sweep, in other processes, find the one
+    # their launcher claimed) holding both of its points.
+    sweeps = sorted(parent.glob("*/*"))
+    assert len(sweeps) == 2
+    for sweep in sweeps:
+        points = sorted(path.parent.name.split("_")[0] for path in sweep.glob("*/metrics.jsonl"))
+        assert points == ["0", "1"], sweep
+
+
 def test_sweep_directory_names_leave_out_paths_and_resume_flags():
     # A path would nest directories; resume must find the directories the first launch made.
     cfg = job_config("data=custom", "data.dir=/shards/mine", "train.resume=true", "optimizer.gamma=0.01")

@@ -132,3 +132,27 @@ def test_cli_prints_and_writes_the_table_with_its_command(paper_runs, tmp_path, 
 def test_paper_numbers_are_the_published_table():
     assert len(PAPER_VAL_LOSS) == 9 and sum(len(row) for row in PAPER_VAL_LOSS.values()) == 30
     assert PAPER_VAL_LOSS["openwebtext", "large", 50e9] == {"adamw": 2.561, "muon": 2.573, "mars-approx": 2.518}
+
+
+def test_a_run_stopped_before_its_configured_steps_is_marked_with_where_it_stopped(paper_runs, make_run):
+    make_run(paper_runs / "adamw-seed3", ["experiment=owt-gpt2-small-5b-adamw", "train.seed=3"], [10.9, 3.5],
+             TOKENS_PER_STEP, eval_steps=[0, 5_000])  # preempted at step 5,000 and never resumed
+    table = make_table(load_runs([str(paper_runs)]))
+    rows = table_rows(table, "### OpenWebText: best validation loss")
+    assert rows["AdamW"] == ["3.302* / 3.193 (+0.109)"] and rows["MARS-approx"] == ["3.110 / 3.108 (+0.002)"]
+    legend = table.split("### OpenWebText", 1)[1].split("\n\n")[2]
+    assert "marked * include runs that stopped before their configured steps" in legend
+    assert "adamw-seed3 at step 5,000 of 10,000" in legend
+    adamw = next(line for line in table.splitlines() if line.startswith("| OpenWebText | GPT-2 small | 5B | AdamW"))
+    cells = [cell.strip() for cell in adamw.strip("|").split("|")]
+    assert cells[6:8] == ["3", "3.302*"]
+    assert cells[-1] == "adamw-seed1, adamw-seed2, adamw-seed3 (stopped at step 5,000 of 10,000)"
+
+
+def test_custom_corpora_get_a_table_each_named_after_their_directory(tmp_path, make_run):
+    base = ["optimizer=adamw", "train.max_iters=10", "data=custom"]
+    make_run(tmp_path / "a", [*base, "data.dir=/data/a/shards"], [10.9, 6.0], tokens_per_step=1024)
+    make_run(tmp_path / "b", [*base, "data.dir=/data/b/shards"], [10.9, 5.0], tokens_per_step=1024)
+    table = make_table(load_runs([str(tmp_path)]))
+    assert table_rows(table, "### custom-a-shards: best validation loss")["AdamW"] == ["6.000"]
+    assert table_rows(table, "### custom-b-shards: best validation loss")["AdamW"] == ["5.000"]

@@ -122,8 +122,52 @@ def test_a_run_resumed_with_changed_settings_is_not_pooled_with_runs_of_its_fina
     with open(changed / "metrics.jsonl", "a") as log:  # what train.py records on such a resume
         log.write(json.dumps({"step": 5, "resumed_from": "ckpt", "changed": {"optimizer.lr": [3e-3, 1e-2]}}) + "\n")
     with open(moved / "metrics.jsonl", "a") as log:  # a change that does not alter what the run computes
-        log.write(json.dumps({"step": 5, "resumed_from": "ckpt", "changed": {"data.dir": ["a", "b"],
+        log.write(json.dumps({"step": 5, "resumed_from": "ckpt", "changed": {"wandb.mode": ["disabled", "online"],
                                                                              "train.device": ["cpu", "auto"]}}) + "\n")
     [settings] = group_settings(load_runs([str(tmp_path)])).values()
     assert sorted(sorted(Path(run.name).name for run in setting.runs) for setting in settings) == [
         ["changed"], ["moved", "plain"]]
+
+
+@pytest.mark.parametrize("changed", [{"train.seed": [1337, 3]}, {"data.dir": ["a", "b"]},
+                                     {"data.sampling": ["random", "sequential"]},
+                                     {"data.name": ["custom", "embedded"]}])
+def test_a_run_resumed_with_another_seed_or_data_is_not_an_independent_seed(tmp_path, make_run, changed):
+    # It shares its first steps and initial weights with the run it started as: not a seed of its own.
+    base = ["optimizer=adamw", "train.max_iters=10"]
+    resumed = make_run(tmp_path / "resumed", [*base, "train.seed=3"], [10.8, 6.0], 1024)
+    make_run(tmp_path / "plain", [*base, "train.seed=2"], [10.8, 6.2], 1024)
+    with open(resumed / "metrics.jsonl", "a") as log:
+        log.write(json.dumps({"step": 5, "resumed_from": "ckpt", "changed": changed}) + "\n")
+    [settings] = group_settings(load_runs([str(tmp_path)])).values()
+    assert sorted(len(setting.runs) for setting in settings) == [1, 1]
+
+
+def test_custom_corpora_in_other_directories_are_not_seeds_of_each_other_but_a_named_corpus_anywhere_is(
+        tmp_path, make_run):
+    base = ["optimizer=adamw", "train.max_iters=10"]
+    custom = [*base, "data=custom"]
+    make_run(tmp_path / "a1", [*custom, "data.dir=/data/a/shards"], [10.8, 6.0], 1024)
+    make_run(tmp_path / "a2", [*custom, "data.dir=/data/a/shards/", "train.seed=2"], [10.8, 6.1], 1024)
+    make_run(tmp_path / "b", [*custom, "data.dir=/data/b/shards", "train.seed=3"], [10.8, 5.0], 1024)
+    make_run(tmp_path / "tokens", [*custom, "data.dir=/data/tokens"], [10.8, 5.5], 1024)
+    make_run(tmp_path / "here", [*base, "data=embedded", "data.dir=/here"], [10.8, 6.2], 1024)
+    make_run(tmp_path / "there", [*base, "data=embedded", "data.dir=/there", "train.seed=2"], [10.8, 6.3], 1024)
+    groups = group_settings(load_runs([str(tmp_path)]))
+    seeds = {corpus: [sorted(Path(run.name).name for run in setting.runs) for setting in settings]
+             for (corpus, *_), settings in groups.items()}
+    assert seeds == {"custom-a-shards": [["a1", "a2"]], "custom-b-shards": [["b"]], "custom-tokens": [["tokens"]],
+                     "embedded": [["here", "there"]]}
+
+
+def test_a_run_saved_before_data_sampling_pools_with_random_sampling_but_not_with_other_sampling(tmp_path,
+                                                                                                 make_run):
+    base = ["optimizer=adamw", "train.max_iters=10"]
+    old = make_run(tmp_path / "old", base, [10.8, 6.0], 1024)
+    make_run(tmp_path / "random", [*base, "train.seed=2", "data.sampling=random"], [10.8, 6.2], 1024)
+    make_run(tmp_path / "sequential", [*base, "train.seed=3", "data.sampling=sequential"], [10.8, 6.4], 1024)
+    config = old / ".hydra" / "config.yaml"
+    config.write_text("\n".join(line for line in config.read_text().splitlines() if "sampling" not in line))
+    [settings] = group_settings(load_runs([str(tmp_path)])).values()
+    assert sorted(sorted(Path(run.name).name for run in setting.runs) for setting in settings) == [
+        ["old", "random"], ["sequential"]]

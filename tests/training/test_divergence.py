@@ -2,8 +2,9 @@
 import math
 
 import pytest
+import torch
 
-from training.divergence import DivergenceGuard, TrainingDiverged
+from training.divergence import DivergenceGuard, TrainingDiverged, non_finite_entries
 
 
 def test_finite_steps_are_applied_and_not_counted():
@@ -28,3 +29,13 @@ def test_skips_up_to_the_limit_then_stops_and_the_count_survives_a_resume():
     resumed = DivergenceGuard(max_skipped_steps=2, skipped_steps=guard.skipped_steps)
     with pytest.raises(TrainingDiverged, match="at step 9 after skipping 2 such step"):
         resumed.allows_update(9, math.nan, 1.0)
+
+
+def test_non_finite_entries_name_the_model_and_optimizer_tensors_holding_nan_or_inf():
+    model_state = {"wte.weight": torch.ones(3), "ln.weight": torch.tensor([1.0, float("nan")])}
+    optimizer_state = {"state": {0: {"step": torch.tensor(3), "exp_avg": torch.zeros(2),
+                                     "exp_avg_sq": torch.tensor([float("inf"), 0.0], dtype=torch.bfloat16)}},
+                       "param_groups": [{"lr": float("inf")}]}  # hyperparameters are not state
+    assert non_finite_entries(model_state, optimizer_state) == ["model ln.weight",
+                                                                "optimizer exp_avg_sq of parameter 0"]
+    assert non_finite_entries({"w": torch.ones(2)}, {"state": {0: {"step": 1}}}) == []

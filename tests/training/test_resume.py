@@ -164,25 +164,76 @@ def test_a_hyperparameter_changed_on_resume_takes_effect_and_is_recorded(tmp_pat
 def test_a_resume_that_would_make_the_state_meaningless_stops_naming_the_key(tmp_path, uninterrupted_dir, change,
                                                                             key):
     resumed = interrupted_copy(uninterrupted_dir, tmp_path, "resumed")
-    log_before = (resumed / "metrics.jsonl").read_text()
+    record_before = run_record(resumed)
     result = subprocess.run(command(resumed, "train.resume=true", change), cwd=REPO, capture_output=True,
                             text=True, timeout=600)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert f"with a changed {key} (checkpoint" in result.stderr
-    assert (resumed / "metrics.jsonl").read_text() == log_before
+    assert run_record(resumed) == record_before  # the run is not relabelled with the refused config
+
+
+def run_record(run_dir) -> dict[str, str]:
+    """What labels a run for the table and plot scripts: its log and its .hydra/ record."""
+    return {name: (Path(run_dir) / name).read_text()
+            for name in ("metrics.jsonl", ".hydra/config.yaml", ".hydra/overrides.yaml")}
+
+
+def test_resuming_a_finished_run_trains_nothing_and_leaves_its_record_as_it_was(tmp_path, uninterrupted_dir):
+    finished = tmp_path / "finished"
+    shutil.copytree(uninterrupted_dir, finished)
+    record_before = run_record(finished)
+    result = subprocess.run(command(finished, "train.resume=true", "optimizer.gamma=0.2", "train.seed=5"), cwd=REPO,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "nothing to do" in result.stdout and "were not applied" in result.stdout
+    assert run_record(finished) == record_before
+
+
+def test_a_state_gone_non_finite_is_never_checkpointed(tmp_path):
+    # Warmup from lr 0: the first step leaves finite weights, the second one (lr 5e299) overflows them.
+    small = [arg for arg in command(tmp_path, "optimizer.lr=1e300") if not arg.startswith("train.checkpoint_interval=")]
+    result = subprocess.run([*small, "train.checkpoint_interval=1", "train.keep_checkpoints=1"], cwd=REPO,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "the state after step 2 holds non-finite values (model " in result.stderr
+    assert "last good checkpoint: " in result.stderr and "ckpt_00000001.pt" in result.stderr
+    path, checkpoint = latest_checkpoint(tmp_path, "cpu")
+    assert path.name == "ckpt_00000001.pt"  # still there: pruning never ran for the refused one
+    assert all(tensor.isfinite().all() for tensor in checkpoint["model"].values())
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_local_sweep_checkpoints_the_running_point_and_starts_no_other(tmp_path):
+    sweep = tmp_path / "sweep"
+    output = open(tmp_path / "sweep.out", "w+")
+    process = subprocess.Popen([sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep}", *SMALL,
+                                "optimizer.lr=1e-3,3e-3"], cwd=REPO, stdout=output, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while not any(r.get("step", 0) >= 5 and "train/loss" in r for d in sweep.glob("0_*") for r in read_metrics(d)):
+        assert process.poll() is None and time.monotonic() < deadline, "the sweep's first point did not reach step 5"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    returncode = process.wait(timeout=300)
+    output.seek(0)
+    log = output.read()
+    assert returncode != 0 and "not starting" in log and "train.resume=true" in log, log
+    first, = sweep.glob("0_*")
+    _, checkpoint = latest_checkpoint(first, "cpu")
+    assert checkpoint["step"] == max(train_losses(read_metrics(first))) < 16  # stopped cleanly, nothing lost
+    assert not any(sweep.glob("1_*/metrics.jsonl")) and not any(sweep.glob("1_*/checkpoints/*.pt"))
 
 
 def test_a_resume_with_every_checkpoint_unreadable_stops_naming_them_and_keeps_the_log(tmp_path, uninterrupted_dir):
     resumed = interrupted_copy(uninterrupted_dir, tmp_path, "resumed")
     (resumed / "checkpoints" / "ckpt_00000008.pt").write_bytes(b"torn")
     (resumed / "checkpoints" / "ckpt_00000004.pt").write_bytes(b"")
-    log_before = (resumed / "metrics.jsonl").read_text()
+    record_before = run_record(resumed)
     result = subprocess.run(command(resumed, "train.resume=true"), cwd=REPO, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "none of the 2 checkpoints" in result.stderr and "ckpt_00000004.pt, " not in result.stderr
     assert "ckpt_00000008.pt, ckpt_00000004.pt" in result.stderr
-    assert (resumed / "metrics.jsonl").read_text() == log_before
+    assert run_record(resumed) == record_before
 
 
 def test_a_resume_without_checkpoint_keeps_the_earlier_log_aside_and_starts_over(tmp_path, uninterrupted_dir):

@@ -98,6 +98,8 @@ def test_changed_hyperparameters_replace_the_checkpoints_and_the_state_is_kept(n
     ("model.n_embd=32", "model.n_embd"),
     ("model.n_layer=2", "model.n_layer"),
     ("optimizer=adamw", "optimizer.name"),
+    ("model.activation=gelu", "model.activation"),
+    ("model.scale_attn_by_inverse_layer_idx=false", "model.scale_attn_by_inverse_layer_idx"),
     ("optimizer.mars_type=mars-lion", "optimizer.mars_type"),
     ("optimizer.is_approx=false", "optimizer.is_approx"),
     ("optimizer.amsgrad=true", "optimizer.amsgrad"),
@@ -121,3 +123,14 @@ def test_every_state_defining_key_is_a_config_key():
     fields |= {f"optimizer.{key}" for schema in OPTIMIZER_SCHEMAS.values() for key in schema.__dataclass_fields__}
     assert set(STATE_DEFINING_KEYS) <= fields
     check_resumable({"optimizer.lr": (1e-3, 2e-3)}, "ckpt.pt")  # hyperparameters pass
+
+
+def test_ranks_that_found_different_newest_checkpoints_stop_naming_each_ranks(monkeypatch):
+    import train
+
+    found_by_rank = ["ckpt_00000020.pt", "ckpt_00000010.pt"]  # rank 1 could not read step 20 (a lagging NFS)
+    monkeypatch.setattr(train, "all_gather_objects", lambda name, ctx: found_by_rank)
+    with pytest.raises(ValueError, match=r"rank 0: ckpt_00000020.pt, rank 1: ckpt_00000010.pt"):
+        train.check_ranks_found_one_checkpoint(Path("ckpt_00000020.pt"), Path("run"), DistributedContext())
+    found_by_rank = ["ckpt_00000020.pt"] * 2
+    train.check_ranks_found_one_checkpoint(Path("ckpt_00000020.pt"), Path("run"), DistributedContext())

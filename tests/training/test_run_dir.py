@@ -1,8 +1,10 @@
 """One run per directory, storage faults caught early: locks, claims, writability and failed saves."""
 import datetime
+import fcntl
 import os
 import resource
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,8 @@ import torch
 from configs import schema
 from training.checkpoint import CheckpointSaveError, checkpoint_dir, latest_checkpoint, save_checkpoint
 from training.metrics import read_metrics
-from training.run_dir import RunDirectoryError, RunDirectoryLock, check_writable, claim_for_fresh_start
+from training.run_dir import (RunDirectoryError, RunDirectoryLock, check_writable, claim_for_fresh_start,
+                               prepare_run_dir)
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_size=2", "train.block_size=32",
@@ -67,6 +70,44 @@ def test_the_lock_of_a_process_that_died_does_not_block_its_resume(tmp_path):
     result = train(tmp_path, "train.resume=true")
     assert result.returncode == 0, result.stderr
     assert [r["step"] for r in read_metrics(tmp_path) if "val/loss" in r] == [0, 4]
+
+
+def test_deleting_run_lock_does_not_unlock_the_directory_of_a_live_run(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(RunDirectoryError, match=f"pid {holder.pid}"):
+            RunDirectoryLock(tmp_path).acquire()
+        (tmp_path / "run.lock").unlink()  # taken for a stale lock file
+        with pytest.raises(RunDirectoryError, match="in use by a running training run \\(another process\\)"):
+            RunDirectoryLock(tmp_path).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_run_lock_replaced_while_it_is_being_locked_is_locked_again(tmp_path, monkeypatch):
+    # As on NFS, where another host's run is seen through run.lock's lock only: it replaces the file after this
+    # run opened it, so this run's flock succeeds on a file that is no longer run.lock.
+    real_flock, other_run = fcntl.flock, []
+
+    def flock_after_another_run_replaced_the_file(target, operation):
+        fd = target if isinstance(target, int) else target.fileno()
+        if not other_run and stat.S_ISREG(os.fstat(fd).st_mode):  # this run's first flock of run.lock
+            (tmp_path / "run.lock").unlink()
+            other_run.append(open(tmp_path / "run.lock", "a+"))
+            other_run[0].write("host elsewhere, pid 7\n")
+            other_run[0].flush()
+            real_flock(other_run[0], fcntl.LOCK_EX | fcntl.LOCK_NB)
+        real_flock(target, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_another_run_replaced_the_file)
+    try:
+        with pytest.raises(RunDirectoryError, match="host elsewhere, pid 7"):
+            RunDirectoryLock(tmp_path).acquire()
+    finally:
+        other_run[0].close()
 
 
 def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, monkeypatch):
@@ -168,12 +209,44 @@ def test_a_partial_file_left_by_a_killed_save_is_removed_at_start(tmp_path):
     assert not partial.exists() and "a checkpoint save that never finished" in result.stdout
 
 
-def test_overwrite_deletes_the_previous_runs_checkpoints_and_log_only(tmp_path):
-    save_checkpoint(tmp_path, 8, {"step": 8}, keep=2)
-    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+def leave_a_previous_run(run_dir):
+    """What a run leaves behind: checkpoints (one set aside as unreadable), its log, a log set aside at a
+    restart, its offline wandb runs and its lines in Hydra's train.log."""
+    save_checkpoint(run_dir, 8, {"step": 8}, keep=2)
+    (checkpoint_dir(run_dir) / "ckpt_00000010.pt.unreadable").write_bytes(b"torn")
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run_dir / "metrics.before-restart-20260101-120000.jsonl").write_text('{"step": 0}\n')
+    (run_dir / "wandb" / "offline-run-20260101_120000-abc").mkdir(parents=True)
+    (run_dir / "wandb" / "offline-run-20260101_120000-abc" / "run-abc.wandb").write_bytes(b"records")
+    (run_dir / "train.log").write_text("[old run] step 8\n")
+
+
+def test_overwrite_deletes_every_record_of_the_previous_run_and_keeps_the_users_files(tmp_path):
+    leave_a_previous_run(tmp_path)
     (tmp_path / "notes.txt").write_text("the user's own file")
     with pytest.raises(RunDirectoryError, match="train.overwrite=true"):
         claim_for_fresh_start(tmp_path, overwrite=False)
+    hydra_log = open(tmp_path / "train.log", "a")  # Hydra opens it for the new run before the lock is taken
     claim_for_fresh_start(tmp_path, overwrite=True)
-    assert list(checkpoint_dir(tmp_path).iterdir()) == [] and not (tmp_path / "metrics.jsonl").exists()
-    assert (tmp_path / "notes.txt").exists()
+    hydra_log.write("[new run] step 0\n")
+    hydra_log.close()
+    assert list(checkpoint_dir(tmp_path).iterdir()) == []
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoints", "notes.txt", "train.log"]
+    assert (tmp_path / "train.log").read_text() == "[new run] step 0\n"
+
+
+@pytest.mark.parametrize("leftover", ["checkpoints/ckpt_00000010.pt.unreadable",
+                                      "metrics.before-restart-20260101-120000.jsonl", "wandb/debug.log"])
+def test_a_fresh_start_is_refused_where_only_set_aside_records_of_a_run_are_left(tmp_path, leftover):
+    (tmp_path / leftover).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / leftover).write_text("left by the previous run")
+    with pytest.raises(RunDirectoryError, match="already holds a run"):
+        claim_for_fresh_start(tmp_path, overwrite=False)
+
+
+def test_resume_and_overwrite_together_are_refused_and_delete_nothing(tmp_path):
+    leave_a_previous_run(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(RunDirectoryError, match="pick one"):
+        prepare_run_dir(tmp_path, resume=True, overwrite=True)
+    assert sorted(tmp_path.rglob("*")) == before
