@@ -203,8 +203,8 @@ class TrainConfig:
     checkpoint_interval: int = 250
     keep_checkpoints: int = 2
     resume: bool = False
-    # A fresh start (resume=false) in a directory that holds another run's checkpoints or log deletes them
-    # instead of refusing to start.
+    # A fresh start (resume=false) in a directory that holds another run's records (checkpoints, logs, wandb/)
+    # deletes them instead of refusing to start; refused together with resume=true.
     overwrite: bool = False
     hellaswag_interval: int = 0  # steps between HellaSwag evaluations (and one at the end); 0: none
     hellaswag_file: Optional[str] = None  # null: the data cache's copy (python -m evaluation.hellaswag --download)
