@@ -1,10 +1,11 @@
 """Checkpoints written atomically: a crash mid-save leaves the previous checkpoint intact and loadable."""
 import logging
-import os
 import re
 from pathlib import Path
 
 import torch
+
+from training.atomic import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +42,11 @@ def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
     directory = checkpoint_dir(run_dir)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"ckpt_{step:08d}.pt"
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        with open(tmp, "wb") as f:
+        with atomic_file(path, "wb") as f:
             torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
     except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
-        tmp.unlink(missing_ok=True)  # a partial file would fill the disk further and confuse the next save
+        # The partial file is gone: it would fill the disk further and confuse the next save.
         raise CheckpointSaveError(f"could not write {path}: {err}") from err
     for old in checkpoint_files(run_dir)[:-keep]:
         old.unlink()

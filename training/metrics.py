@@ -1,10 +1,10 @@
 """Run logging: metrics.jsonl always (no network needed), wandb when enabled, one console line per event."""
 import json
 import logging
-import os
 from pathlib import Path
 
 from configs.schema import WandbMode
+from training.atomic import atomic_file
 
 log = logging.getLogger("train")
 
@@ -81,12 +81,8 @@ class MetricsLogger:
             return
         kept = [r for r in read_metrics(self.path.parent)
                 if r["step"] < step or (r["step"] == step and "resumed_from" not in r)]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w") as f:
+        with atomic_file(self.path) as f:
             f.writelines(json.dumps(r) + "\n" for r in kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
 
     def record(self, record: dict) -> None:
         """Append ``record`` to the log file only (an event such as a resume, not a metric)."""
