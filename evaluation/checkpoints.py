@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from model import GPT, GPTConfig
-from training.checkpoint import UnreadableCheckpoints, checkpoint_dir, latest_checkpoint, load_checkpoint
+from training.checkpoint import (CheckpointReadError, CorruptCheckpoint, UnreadableCheckpoints, checkpoint_dir,
+                                 latest_checkpoint, load_checkpoint)
 
 
 def load_model(checkpoint: Path, device: torch.device = torch.device("cpu")) -> tuple[GPT, Path]:
@@ -24,6 +25,8 @@ def load_model(checkpoint: Path, device: torch.device = torch.device("cpu")) -> 
         except UnreadableCheckpoints:
             raise ValueError(f"none of the checkpoints in {checkpoint_dir(checkpoint)} can be read: pass a "
                              "readable checkpoint file instead") from None
+        except CheckpointReadError as err:
+            raise ValueError(str(err)) from None
         if found is None:
             raise FileNotFoundError(f"{checkpoint} holds no checkpoint ({checkpoint_dir(checkpoint)}/"
                                     "ckpt_*.pt): pass a run directory of train.py that has saved one, or a "
@@ -32,9 +35,10 @@ def load_model(checkpoint: Path, device: torch.device = torch.device("cpu")) -> 
     else:
         try:
             state = load_checkpoint(checkpoint, device)
-        except Exception as err:  # torch.load's errors for foreign bytes vary: pickle, zip, EOF, KeyError...
-            raise ValueError(f"{checkpoint} is not a checkpoint written by train.py: torch.load cannot read it "
-                             f"({_one_line(err)})") from None
+        except CorruptCheckpoint as err:
+            raise ValueError(_one_line(err, with_type=False)) from None
+        except OSError as err:
+            raise ValueError(f"could not read {checkpoint}: {_one_line(err)}") from None
     return gpt_from_state(state, checkpoint).to(device), checkpoint
 
 
@@ -55,7 +59,7 @@ def gpt_from_state(state, checkpoint: Path) -> GPT:
     return model.eval()
 
 
-def _one_line(err: Exception, limit: int = 300) -> str:
+def _one_line(err: Exception, limit: int = 300, with_type: bool = True) -> str:
     message = " ".join(str(err).split())
-    text = f"{type(err).__name__}: {message}" if message else type(err).__name__
+    text = f"{type(err).__name__}: {message}" if message and with_type else message or type(err).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -34,7 +34,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from scripts.runs import (Run, Setting, display_corpus, display_model, display_optimizer, find_run_dirs,
-                          group_settings, load_run, optimizer_order, size_order, tokens_label)
+                          group_settings, load_run, optimizer_order, size_order, tokens_label, where_stopped)
 
 # Best validation loss on OpenWebText: Yuan et al., "MARS: Unleashing the Power of Variance Reduction for
 # Training Large Models", ICML 2025, arXiv 2411.10438, as tabulated in the README of AGI-Arena/MARS.
@@ -102,10 +102,6 @@ def format_difference(ours: float | None, paper: float | None, mark: str = "") -
     return f"{ours:.3f}{mark} / {paper:.3f} ({ours - paper:+.3f})"
 
 
-def stopped_at(run: Run) -> str:
-    return f"at step {run.last_step:,} of {run.max_iters:,}"
-
-
 def budget_columns(groups: dict[tuple, list[Setting]], corpus: str) -> list[float]:
     """The budgets a corpus is tabulated at: the paper's, and every budget our runs on it were configured for."""
     return sorted(PAPER_BUDGETS | {budget for c, _, budget, _ in groups if c == corpus})
@@ -146,7 +142,7 @@ def legend(within_rows: bool, paper_numbers: bool, stopped: list[Run]) -> list[s
     if stopped:
         sentences.append(f"Figures marked {STOPPED} include runs that stopped before their configured steps "
                          "(preempted and never resumed, killed, or still running): "
-                         + ", ".join(f"{Path(run.name).name} {stopped_at(run)}" for run in stopped) + ".")
+                         + where_stopped(stopped) + ".")
     return [" ".join(sentences), ""]
 
 
@@ -214,7 +210,7 @@ def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
             gamma = f"{run.gamma:g}" if run.gamma is not None else MISSING
             within = ", ".join(f"{tokens_label(b)}: {loss:.3f}"
                                for b, loss in within_run_losses(setting, budget, budgets).items()) or MISSING
-            names = ", ".join(Path(r.name).name + (f" (stopped {stopped_at(r)})" if r.stopped_early else "")
+            names = ", ".join(Path(r.name).name + (f" (stopped {r.stopped_at})" if r.stopped_early else "")
                               for r in setting.runs)
             lines.append(f"| {display_corpus(corpus)} | {display_model(model)} | {tokens_label(budget)} | "
                          f"{display_optimizer(optimizer)} | {lr} | {gamma} | {len(setting.runs)} | {best} | "

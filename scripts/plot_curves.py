@@ -6,9 +6,15 @@ For each corpus and model size, writes ``val_loss_vs_tokens_<corpus>_<model>.png
 ``val_loss_vs_time_<corpus>_<model>.png`` under ``--out``: one line per optimizer (and token budget), from the
 setting with the best validation loss (see scripts/make_table.py), labelled with what sets it apart when there
 were several (``MARS-approx (gamma=0.05, best of 2 settings)``). With several seeds the line is their mean and
-the band spans their lowest and highest loss. Long runs (``ZOOM_EVALUATIONS`` evaluations or more) are drawn
-as the paper does, from the best loss to one unit above it; short ones in full, from the first evaluation. Training time is the sum of the logged ``step_ms`` (training
-steps only: evaluation and checkpointing are left out), read at each evaluation.
+the band spans their lowest and highest loss, at the evaluations every seed has. Long runs (``ZOOM_EVALUATIONS``
+evaluations or more) are drawn as the paper does, from the best loss to one unit above it; short ones in full,
+from the first evaluation. Training time is the sum of the logged ``step_ms`` (training steps only: evaluation
+and checkpointing are left out), read at each evaluation.
+
+A line drawn from a run whose last logged step is short of its max_iters (preempted and never resumed, killed,
+or still running: ``Run.stopped_early``) ends where that run stopped, even if its other seeds went further. Its
+label says so, naming such runs and where they stopped as the table does
+(``AdamW (2 seeds; stopped: adamw-seed2 at step 1,200 of 10,000)``), and a warning is logged for each.
 """
 import logging
 from pathlib import Path
@@ -20,7 +26,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from scripts.runs import (Run, Setting, display_corpus, display_model, display_optimizer,  # noqa: E402
-                          group_settings, optimizer_order, plot_command, setting_labels, tokens_label)
+                          group_settings, optimizer_order, plot_command, setting_labels, tokens_label,
+                          where_stopped)
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +65,32 @@ def pick_unit(largest: float, units: tuple[tuple[str, float], ...]) -> tuple[str
     return next(((name, scale) for name, scale in units if largest >= scale), units[-1])
 
 
+def curve_label(name: str, setting: Setting) -> str:
+    """The legend label of the line of ``setting``: its name, how many seeds it averages, and which of them
+    stopped before their max_iters, as the line ends where they did
+    (``AdamW (2 seeds; stopped: adamw-seed2 at step 1,200 of 10,000)``)."""
+    notes = [f"{len(setting.runs)} seeds"] if len(setting.runs) > 1 else []
+    if setting.stopped_runs:
+        notes.append(f"stopped: {where_stopped(setting.stopped_runs)}")
+    return f"{name} ({'; '.join(notes)})" if notes else name
+
+
 def plot_group(lines: list[tuple[str, Setting]], x_axis: str, title: str, path: Path) -> None:
+    figure = group_figure(lines, x_axis, title)
+    figure.savefig(path, dpi=150)
+    plt.close(figure)
+
+
+def group_figure(lines: list[tuple[str, Setting]], x_axis: str, title: str) -> plt.Figure:
+    """One line per (name, setting) in ``lines``, against training tokens or time (``x_axis``)."""
     figure, axes = plt.subplots(figsize=(6, 4.5))
-    curves = [(label, *seed_curves(setting)) for label, setting in lines]
+    curves = [(curve_label(name, setting), *seed_curves(setting)) for name, setting in lines]
     column = 2 if x_axis == "tokens" else 3  # (label, steps, tokens, seconds, losses)
     unit, scale = pick_unit(max(curve[column].max(initial=0.0) for curve in curves),
                             TOKEN_UNITS if x_axis == "tokens" else TIME_UNITS)
     for label, _, tokens, seconds, losses in curves:
         x = (tokens if x_axis == "tokens" else seconds).mean(axis=0) / scale
-        axes.plot(x, losses.mean(axis=0), label=label + (f" ({len(losses)} seeds)" if len(losses) > 1 else ""))
+        axes.plot(x, losses.mean(axis=0), label=label)
         if len(losses) > 1:
             axes.fill_between(x, losses.min(axis=0), losses.max(axis=0), alpha=0.2)
     quantity = "training tokens" if x_axis == "tokens" else "training time"
@@ -82,8 +106,7 @@ def plot_group(lines: list[tuple[str, Setting]], x_axis: str, title: str, path: 
     axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()
-    figure.savefig(path, dpi=150)
-    plt.close(figure)
+    return figure
 
 
 def plot_curves(runs: list[Run], out: Path) -> list[Path]:
@@ -94,6 +117,10 @@ def plot_curves(runs: list[Run], out: Path) -> list[Path]:
         if best.best_val_losses:
             picked = f" ({setting_labels(settings)[0]}, best of {len(settings)} settings)" if len(settings) > 1 else ""
             figures.setdefault((corpus, model), []).append((budget, optimizer, best, picked))
+            for run in best.stopped_runs:
+                log.warning("%s stopped %s: the %s line of %s, %s, %s tokens ends by then", Path(run.name).name,
+                            run.stopped_at, display_optimizer(optimizer), display_model(model),
+                            display_corpus(corpus), tokens_label(budget))
     if not figures:
         raise ValueError("no runs with an evaluation: nothing to plot")
     out.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,11 @@ and, where gamma was swept, ``gamma_sweep_<corpus>_<model>_<tokens>.png``. A lin
 only in the swept value (and, for lr, in train.min_lr and in a second learning rate held fixed or at one ratio to
 lr: MARS's lr_1d, Muon's adamw_lr), so an AdamW sweep and a MARS sweep at each gamma are separate lines; a point
 is the mean over seeds of each run's best validation loss, its bar spans the seeds' lowest and highest.
+
+A point whose seeds include a run whose last logged step is short of its max_iters (preempted and never resumed,
+killed, or still running: ``Run.stopped_early``) is drawn hollow, and the legend says what that means: such a
+run's best loss is that of the steps it reached, short of those configured (make_table marks such figures
+``*``). A warning names such runs and where they stopped.
 """
 import json
 import logging
@@ -17,12 +22,14 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 from scripts.runs import (Run, Setting, display_corpus, display_model, display_optimizer,  # noqa: E402
-                          group_settings, optimizer_order, plot_command, tokens_label)
+                          group_settings, optimizer_order, plot_command, tokens_label, where_stopped)
 
 log = logging.getLogger(__name__)
 SWEPT = {"lr": "learning rate", "gamma": "gamma (MARS)"}
+STOPPED_NOTE = "hollow: includes runs stopped before their configured steps"
 
 
 @dataclass
@@ -33,6 +40,7 @@ class SweepLine:
     low: list[float] = field(default_factory=list)
     high: list[float] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
+    stopped: list[list[Run]] = field(default_factory=list)  # per point, its seeds that stopped before max_iters
 
 
 # Learning rates that an lr sweep may move with the swept one (MARS's lr_1d, Muon's AdamW part) or hold fixed.
@@ -98,25 +106,47 @@ def sweep_lines(runs: list[Run], parameter: str) -> dict[tuple[str, str, float],
                 line.low.append(min(losses))
                 line.high.append(max(losses))
                 line.seeds.append(len(losses))
+                line.stopped.append(setting.stopped_runs)
+                if setting.stopped_runs:
+                    log.warning("%s, %s, %s tokens, %s at %s %g: includes runs that stopped before their configured "
+                                "steps: %s", display_model(model), display_corpus(corpus), tokens_label(budget),
+                                label, parameter, line.x[-1], where_stopped(setting.stopped_runs))
             panels.setdefault((corpus, model, budget), []).append(line)
     return panels
 
 
 def plot_panel(lines: list[SweepLine], parameter: str, title: str, path: Path) -> None:
+    figure = panel_figure(lines, parameter, title)
+    figure.savefig(path, dpi=150)
+    plt.close(figure)
+
+
+def panel_figure(lines: list[SweepLine], parameter: str, title: str) -> plt.Figure:
+    """The ``lines`` against the swept ``parameter``; points with stopped runs hollow, and the legend says so."""
     figure, axes = plt.subplots(figsize=(6, 4.5))
+    handles = []
     for line in lines:
         errors = [[m - lo for m, lo in zip(line.mean, line.low)], [hi - m for m, hi in zip(line.mean, line.high)]]
-        axes.errorbar(line.x, line.mean, yerr=errors, marker="o", capsize=3, label=line.label)
+        handles.append(axes.errorbar(line.x, line.mean, yerr=errors, marker="o", capsize=3, label=line.label))
+        stopped = [(x, mean) for x, mean, runs in zip(line.x, line.mean, line.stopped) if runs]
+        if stopped:
+            # Over the filled markers, which errorbar draws above its bars; in the line's colour, so that the
+            # next line does not take another from the cycle.
+            mean_line = handles[-1].lines[0]
+            axes.plot(*zip(*stopped), linestyle="none", marker="o", color=mean_line.get_color(),
+                      markerfacecolor="white", zorder=mean_line.get_zorder() + 0.1)
+    if any(runs for line in lines for runs in line.stopped):
+        handles.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="white", markeredgecolor="gray",
+                              label=STOPPED_NOTE))
     if parameter == "lr":
         axes.set_xscale("log")
     axes.set_xlabel(SWEPT[parameter])
     axes.set_ylabel("best validation loss (mean over seeds; bars: min-max)")
     axes.set_title(title)
     axes.grid(alpha=0.3)
-    axes.legend()
+    axes.legend(handles=handles)
     figure.tight_layout()
-    figure.savefig(path, dpi=150)
-    plt.close(figure)
+    return figure
 
 
 def plot_sweeps(runs: list[Run], out: Path) -> list[Path]:

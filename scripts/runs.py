@@ -2,13 +2,14 @@
 
 A run directory is what train.py writes: ``metrics.jsonl`` and ``.hydra/config.yaml``. Each run is labelled by
 corpus, model size, optimizer and token budget; runs whose configs differ only in the seed (or in settings that
-do not change the result: device, paths, logging, checkpointing, where a named corpus lies) share a ``setting``
-and count as seeds of it; a run resumed with changed settings, seed or data (a ``changed`` record in its log) is
+do not change the result: device, paths, logging, checkpointing, where a named corpus lies) and that read data of
+the same size (train.py logs the tokens of each split at each launch) share a ``setting`` and count as seeds of
+it; a run resumed with changed settings, seed or data (a ``changed`` record in its log, or other shards read) is
 a setting of its own. A run whose last logged step is short of its ``max_iters`` (``Run.stopped_early``) stopped
-or is still going: the table marks it.
+or is still going: the table and the figures mark it.
 Besides a run's best validation loss, its best within the first B tokens (``Run.best_val_loss_within``) is what
 a shorter budget B reads off a longer run.
-Used by ``scripts.make_table`` and ``scripts.plot_curves``.
+Used by ``scripts.make_table``, ``scripts.plot_curves`` and ``scripts.plot_sweep``.
 """
 import argparse
 import dataclasses
@@ -40,11 +41,14 @@ OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon", "mars-exact": "MARS-exact",
                    "mars-shampoo-approx": "MARS-Shampoo", "mars-shampoo-exact": "MARS-Shampoo-exact",
                    "moonlight": "Moonlight", "mars-m-approx": "MARS-M", "mars-m-exact": "MARS-M-exact",
                    "mars-m-efficient": "MARS-M-efficient"}
-# The training settings that change what a run computes; the rest (seed, device, paths, logging) do not.
 # Optimizer keys whose default changed when they joined the schema: a run saved before ran the old behaviour.
 RAN_BEFORE_THE_KEY_EXISTED = {"muon": {"adamw_variant": "torch", "update_dtype": "float32"}}
+# The training settings that change what a run computes, or the figure the table reads off it (the best of
+# evaluations every eval_interval steps, each over eval_iters batches); the rest (seed, device, paths, logging)
+# do not.
 SETTING_KEYS = ("batch_size", "block_size", "grad_accum_steps", "max_iters", "lr_schedule", "warmup_iters",
-                "decay_iters", "decay_fraction", "min_lr", "grad_clip", "grad_multiplier", "dtype", "tf32")
+                "decay_iters", "decay_fraction", "min_lr", "grad_clip", "grad_multiplier", "dtype", "tf32",
+                "eval_interval", "eval_iters")
 
 
 @dataclass
@@ -60,6 +64,7 @@ class Run:
     records: list[dict] = field(default_factory=list)
     max_iters: int | None = None  # the steps it is configured for; None if unknown
     config: dict = field(default_factory=dict)  # the composed config as saved, when read from a run directory
+    data: dict | None = None  # what its first launch read ({"train": {"tokens": ...}, "val": ...}); None if unlogged
 
     @property
     def evaluations(self) -> list[dict]:
@@ -78,6 +83,10 @@ class Run:
     def stopped_early(self) -> bool:
         """Whether the run logged no step as far as its max_iters: stopped (preempted, killed) or still going."""
         return self.max_iters is not None and self.last_step < self.max_iters
+
+    @property
+    def stopped_at(self) -> str:
+        return f"at step {self.last_step:,} of {self.max_iters:,}"
 
     def prefix_steps(self, tokens: float) -> int | None:
         """The steps of the first ``tokens`` (a nominal budget, 5e9) of this run, as the presets count them.
@@ -103,6 +112,11 @@ class Run:
             return None
         losses = [r["val/loss"] for r in self.evaluations if r["step"] <= end]
         return min(losses) if losses else None
+
+
+def where_stopped(runs: list[Run]) -> str:
+    """``adamw-seed2 at step 1,200 of 10,000, ...``: runs by directory name and where they stopped."""
+    return ", ".join(f"{Path(run.name).name} {run.stopped_at}" for run in runs)
 
 
 def model_label(model_cfg) -> str:
@@ -166,13 +180,32 @@ def load_run(run_dir: Path) -> Run | None:
     # a setting of its own, never a seed of the config it ended with.
     changes = [{"step": r["step"], "changed": changed} for r in records
                if (changed := {key: values for key, values in r.get("changed", {}).items() if changes_setting(key)})]
+    # A launch that read other shards (a corpus prepared again, another sample in the same directory) changed the
+    # data even where the config did not.
+    launches = [r for r in records if "data" in r]
+    changes += [{"step": r["step"], "changed": {"data.read": [data_size(launches[0]["data"]), data_size(r["data"])]}}
+                for r in launches[1:] if data_size(r["data"]) != data_size(launches[0]["data"])]
     if changes:
         setting["changed_on_resume"] = changes
     return Run(name=str(run_dir), corpus=corpus, model=model_label(cfg["model"]),
                optimizer=optimizer_label(cfg["optimizer"]), budget=budget,
                setting=json.dumps(setting, sort_keys=True), lr=cfg["optimizer"]["lr"],
                gamma=cfg["optimizer"].get("gamma"), records=records, max_iters=cfg["train"]["max_iters"],
-               config=cfg)
+               config=cfg, data=launches[0]["data"] if launches else None)
+
+
+def data_size(data: dict) -> dict[str, int]:
+    """Tokens per split of a launch's data record: what tells two corpora, or two samples of one, apart."""
+    return {split: read["tokens"] for split, read in sorted(data.items())}
+
+
+def data_label(data: dict | None) -> str:
+    """``HuggingFaceFW/fineweb-edu sample-100BT, 96,000,000,000 train tokens``, or ``not recorded``."""
+    if data is None:
+        return "not recorded"
+    train = data.get("train", {})
+    size = f"{train.get('tokens', 0):,} train tokens"
+    return f"{train['source']}, {size}" if train.get("source") else size
 
 
 def changes_setting(key: str) -> bool:
@@ -279,6 +312,8 @@ class Setting:
     """The seeds of one configuration."""
 
     runs: list[Run]
+    # What its runs read, when runs of the same config read different data and were told apart by it.
+    read: str | None = None
 
     @property
     def first(self) -> Run:
@@ -307,7 +342,8 @@ class Setting:
 def setting_labels(settings: list[Setting]) -> list[str]:
     """What tells the settings of one group apart, one label each: the keys whose values differ, e.g.
     ``gamma=0.05, lr=0.003`` (empty for a single setting)."""
-    flat = [flat_items(json.loads(setting.first.setting)) for setting in settings]
+    flat = [{**flat_items(json.loads(setting.first.setting)),
+             **({"data.read": setting.read} if setting.read else {})} for setting in settings]
     keys = sorted({key for items in flat for key in items if any(items.get(key) != other.get(key) for other in flat)})
     # Values as the run ran them: the setting leaves out optimizer keys at their defaults.
     values = [{**items, **flat_items(setting.first.config)} for items, setting in zip(flat, settings)]
@@ -322,13 +358,27 @@ def group_settings(runs: list[Run]) -> dict[tuple[str, str, float, str], list[Se
         by_setting.setdefault(run.setting, []).append(run)
     corpus_names = short_corpus_names({run.corpus for run in runs})
     groups: dict[tuple[str, str, float, str], list[Setting]] = {}
-    for seeds in by_setting.values():
-        run = seeds[0]
+    for runs_of_setting in by_setting.values():
+        run = runs_of_setting[0]
         key = (corpus_names[run.corpus], run.model, nominal_tokens(run.budget), run.optimizer)
-        groups.setdefault(key, []).append(Setting(seeds))
+        groups.setdefault(key, []).extend(split_by_data_read(runs_of_setting))
     for settings in groups.values():
         settings.sort(key=lambda setting: setting.mean_best_val_loss)
     return groups
+
+
+def split_by_data_read(runs: list[Run]) -> list[Setting]:
+    """The runs of one config as settings, told apart by the data they read (tokens per split, as train.py logs
+    them): fineweb-edu's 10B and 100B samples, or a corpus prepared twice, are never seeds of each other, wherever
+    they lie. Runs logged before train.py recorded it join the others if those all read the same data, else they
+    stand apart (``read=not recorded``)."""
+    sizes = {json.dumps(data_size(run.data)) for run in runs if run.data is not None}
+    if len(sizes) <= 1:
+        return [Setting(runs)]
+    parts: dict[str | None, list[Run]] = {}
+    for run in runs:
+        parts.setdefault(None if run.data is None else json.dumps(data_size(run.data)), []).append(run)
+    return [Setting(members, read=data_label(members[0].data)) for members in parts.values()]
 
 
 def size_order(model: str) -> tuple[int, str]:

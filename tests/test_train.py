@@ -46,7 +46,9 @@ def test_run_resumed_from_a_checkpoint_continues_exactly_like_the_uninterrupted_
               "train.resume=true")
     resumed_records = metrics(resumed)
     assert train_losses(resumed_records) == train_losses(records)  # bitwise: same batches, same RNG, same state
-    assert [r["step"] for r in resumed_records] == [r["step"] for r in records]  # no duplicated log lines
+    training_log = [r["step"] for r in records if "data" not in r]
+    assert [r["step"] for r in resumed_records if "data" not in r] == training_log  # no duplicated log lines
+    assert [r["step"] for r in resumed_records if "data" in r] == [0, 4]  # each launch records what it read
 
 
 def test_a_fresh_run_in_a_used_directory_is_refused_unless_overwrite_and_then_keeps_nothing_of_the_old_run(tmp_path):
@@ -144,7 +146,14 @@ def test_trains_sequentially_from_a_directory_prepared_from_local_files(tmp_path
                    cwd=REPO, check=True, capture_output=True, timeout=600)
     run_train(tmp_path / "run", *SMALL, "data=custom", f"data.dir={shards}", "data.sampling=sequential",
               "train.max_iters=5", "train.eval_interval=5")
-    assert [r["step"] for r in metrics(tmp_path / "run") if "val/loss" in r] == [0, 5]
+    records = metrics(tmp_path / "run")
+    assert [r["step"] for r in records if "val/loss" in r] == [0, 5]
+    manifest = json.loads((shards / "manifest.json").read_text())
+    prepared = {split: sum(shard["tokens"] for shard in manifest["shards"] if shard["split"] == split)
+                for split in ("train", "val")}
+    [launch] = [r for r in records if "data" in r]
+    assert {split: read["tokens"] for split, read in launch["data"].items()} == prepared
+    assert launch["data"]["train"]["source"] == "1 local file" and launch["data"]["train"]["shards"] > 1
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Checkpoints written atomically: a crash mid-save leaves the previous checkpoint intact and loadable."""
 import logging
 import re
+import zipfile
 from pathlib import Path
 
 import torch
@@ -19,6 +20,14 @@ class CheckpointSaveError(RuntimeError):
 
 class UnreadableCheckpoints(RuntimeError):
     """Checkpoints exist but none of them loads: resuming would silently start the run over."""
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint file's bytes are not what ``save_checkpoint`` wrote: torn, truncated, bit-flipped or foreign."""
+
+
+class CheckpointReadError(RuntimeError):
+    """A checkpoint could not be read for a reason outside its bytes (permissions, I/O): nothing was set aside."""
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -53,21 +62,55 @@ def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
     return path
 
 
+def verify_checkpoint(path: Path) -> None:
+    """Check each record of the checkpoint's zip archive against the CRC-32 that ``torch.save`` wrote with it.
+
+    ``torch.load`` does not: a bit flipped on disk or in a copy would load as a silently different weight.
+    Raises :class:`CorruptCheckpoint`; an ``OSError`` (permissions, I/O) is left to the caller.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except zipfile.BadZipFile as err:
+        raise CorruptCheckpoint(f"{path} is not a whole checkpoint (a torn or truncated write, or a foreign file: "
+                                f"{err})") from None
+    if damaged is not None:
+        raise CorruptCheckpoint(f"{path}: its record {damaged} does not match the checksum written with it (its "
+                                "bytes changed after the save: a disk or copy error)")
+
+
 def load_checkpoint(path: Path, device: torch.device) -> dict:
-    return torch.load(path, map_location=device, weights_only=True)
+    """The state saved in ``path``, its bytes verified first.
+
+    Raises :class:`CorruptCheckpoint` for a file that is not a whole, unchanged checkpoint; an ``OSError`` or
+    an out-of-memory error (the file may be fine) propagates as it is.
+    """
+    verify_checkpoint(path)
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except (OSError, MemoryError, torch.OutOfMemoryError):
+        raise
+    except Exception as err:  # torch.load's errors for unexpected content vary: pickle, zip, EOF, KeyError...
+        raise CorruptCheckpoint(f"{path} does not load as a checkpoint ({type(err).__name__}: {err})") from None
 
 
 def latest_checkpoint(run_dir: Path, device: torch.device) -> tuple[Path, dict] | None:
     """The newest checkpoint that loads, skipping (and reporting) any that are corrupt; None when there is none.
 
-    Raises :class:`UnreadableCheckpoints` when there are checkpoints and none loads.
+    Raises :class:`UnreadableCheckpoints` when there are checkpoints and none loads, and
+    :class:`CheckpointReadError` when one cannot be read at all (permissions, I/O): skipping a checkpoint that
+    may be fine would resume from an older one and set the newer aside.
     """
     paths = checkpoint_files(run_dir)[::-1]
     for path in paths:
         try:
             return path, load_checkpoint(path, device)
-        except Exception as err:  # a torn or foreign file: fall back to the previous checkpoint
-            log.warning("skipping unreadable checkpoint %s: %s", path, err)
+        except CorruptCheckpoint as err:  # a torn, damaged or foreign file: fall back to the previous checkpoint
+            log.warning("skipping unreadable checkpoint: %s", err)
+        except OSError as err:
+            raise CheckpointReadError(
+                f"could not read {path} ({err}); nothing was resumed or set aside. Fix the file system (permissions, "
+                "mount, disk) and resume again") from err
     if paths:
         raise UnreadableCheckpoints(
             f"none of the {len(paths)} checkpoints in {checkpoint_dir(run_dir)} can be read "

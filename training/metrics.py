@@ -9,6 +9,7 @@ from training.atomic import atomic_file
 log = logging.getLogger("train")
 
 METRICS_FILE = "metrics.jsonl"
+LAUNCH_KEYS = {"resumed_from", "data"}  # records a launch writes at its first step, before it trains
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -73,14 +74,14 @@ class MetricsLogger:
     def discard_after(self, step: int) -> None:
         """Drop records past ``step``: a resumed run rewrites what the interrupted one logged after its checkpoint.
 
-        Also dropped: the record of an earlier resume from ``step`` itself, whose steps are gone (this resume
-        writes its own). The log is replaced atomically (temp file, fsync, rename): a kill while it is being
-        rewritten leaves the old log, never an empty one.
+        Also dropped: the records of an earlier launch from ``step`` itself (its resume, the data it read), whose
+        steps are gone (this launch writes its own). The log is replaced atomically (temp file, fsync, rename): a
+        kill while it is being rewritten leaves the old log, never an empty one.
         """
         if not self.enabled:
             return
         kept = [r for r in read_metrics(self.path.parent)
-                if r["step"] < step or (r["step"] == step and "resumed_from" not in r)]
+                if r["step"] < step or (r["step"] == step and not LAUNCH_KEYS & r.keys())]
         with atomic_file(self.path) as f:
             f.writelines(json.dumps(r) + "\n" for r in kept)
 

@@ -228,7 +228,8 @@ def test_cli_refuses_a_file_that_is_not_a_checkpoint_in_one_line(tmp_path):
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"error: {not_a_checkpoint} is not a checkpoint written by train.py: torch.load")
+    assert lines[0].startswith(f"error: {not_a_checkpoint} is not a whole checkpoint (a torn or truncated write, "
+                               "or a foreign file")
     assert not (tmp_path / "hf").exists()
 
 

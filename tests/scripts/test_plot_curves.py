@@ -1,9 +1,12 @@
 """Validation-loss curves against tokens and training time: one pair of PNG files per corpus and model size."""
+import logging
+
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
 import scripts.plot_curves as plot_curves_module
-from scripts.plot_curves import main, plot_curves, seed_curves, training_seconds
+from scripts.plot_curves import curve_label, group_figure, main, plot_curves, seed_curves, training_seconds
 from scripts.runs import Run, Setting, load_runs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -28,6 +31,34 @@ def test_each_optimizer_is_drawn_from_its_best_setting(paper_runs, tmp_path, mon
     # MARS ran with two gammas: the line says which it drew; AdamW's seeds are one setting, nothing to say.
     assert [label for label, _ in lines] == ["AdamW", "MARS-approx (gamma=0.025, best of 2 settings)"]
     assert len(lines[0][1].runs) == 2 and lines[1][1].first.gamma == 0.025
+
+
+def test_a_line_cut_short_by_a_stopped_seed_says_which_and_where(paper_runs, make_run, tmp_path, monkeypatch,
+                                                                  caplog):
+    make_run(paper_runs / "adamw-seed3", ["experiment=owt-gpt2-small-5b-adamw", "train.seed=3"], [10.9, 3.6],
+             tokens_per_step=491_520, eval_steps=[0, 5000])
+    drawn = []
+    monkeypatch.setattr(plot_curves_module, "plot_group", lambda lines, *args: drawn.append(lines))
+    with caplog.at_level(logging.WARNING):
+        plot_curves(load_runs([str(paper_runs)]), tmp_path)
+    figure = group_figure(drawn[0], "tokens", "GPT-2 small")
+    axes = figure.axes[0]
+    assert [text.get_text() for text in axes.get_legend().get_texts()] == [
+        "AdamW (3 seeds; stopped: adamw-seed3 at step 5,000 of 10,000)",
+        "MARS-approx (gamma=0.025, best of 2 settings)"]
+    assert axes.lines[0].get_xdata()[-1] == pytest.approx(5000 * 491_520 / 1e9)  # where the stopped seed ends
+    plt.close(figure)
+    # Once per run, not per figure: the tokens and the time figure draw the same line.
+    assert caplog.text.count("adamw-seed3 stopped at step 5,000 of 10,000") == 1
+
+
+def test_a_stopped_single_run_is_not_labelled_as_a_finished_short_one(make_run, tmp_path):
+    make_run(tmp_path / "preempted", ["train.max_iters=200"], [10.8, 7.5, 6.8], tokens_per_step=1024,
+             eval_steps=[0, 50, 100])
+    make_run(tmp_path / "finished", ["train.max_iters=100"], [10.8, 7.5, 6.8], tokens_per_step=1024)
+    preempted, finished = load_runs([str(tmp_path)])[::-1]
+    assert curve_label("AdamW", Setting([preempted])) == "AdamW (stopped: preempted at step 100 of 200)"
+    assert curve_label("AdamW", Setting([finished])) == "AdamW"
 
 
 def y_limits_of(runs, tmp_path, monkeypatch):

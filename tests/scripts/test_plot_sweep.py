@@ -1,7 +1,12 @@
 """Best validation loss against lr and gamma: one line per setting that differs only in the swept value."""
-import pytest
+import logging
+from pathlib import Path
 
-from scripts.plot_sweep import main, sweep_lines
+import matplotlib.pyplot as plt
+import pytest
+from matplotlib.colors import same_color
+
+from scripts.plot_sweep import STOPPED_NOTE, main, panel_figure, sweep_lines
 from scripts.runs import load_runs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -49,6 +54,33 @@ def test_an_lr_line_joins_runs_whose_second_lr_follows_the_swept_one_at_one_rati
 def test_gamma_line_runs_through_the_lr_it_was_swept_at(sweep):
     [[line]] = sweep_lines(load_runs([str(sweep)]), "gamma").values()
     assert (line.x, line.mean) == ([0.0, 0.025, 0.05], [6.05, 6.0, 6.1])
+
+
+def legend_texts(figure) -> list[str]:
+    return [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+
+
+def test_a_point_with_a_stopped_seed_is_drawn_hollow_and_the_legend_says_why(sweep, make_run, caplog):
+    make_run(sweep / "adamw-1e-2-seed2", [*TINY, "optimizer=adamw", "optimizer.lr=1e-2", f"train.min_lr={1e-2 / 10}",
+                                          "train.seed=2"], [10.8, 6.6], 1024, eval_steps=[0, 50])
+    runs = load_runs([str(sweep)])
+    with caplog.at_level(logging.WARNING):
+        [lines] = sweep_lines(runs, "lr").values()
+    adamw, mars = lines
+    assert [[Path(run.name).name for run in point] for point in adamw.stopped] == [[], [], ["adamw-1e-2-seed2"]]
+    assert mars.stopped == [[], []]
+    assert "adamw-1e-2-seed2 at step 50 of 100" in caplog.text
+    figure = panel_figure(lines, "lr", "sweep")
+    hollow = [line for line in figure.axes[0].lines
+              if line.get_xdata().size and same_color(line.get_markerfacecolor(), "white")]
+    assert [(line.get_xdata().tolist(), line.get_ydata().tolist()) for line in hollow] == [([1e-2], [adamw.mean[2]])]
+    assert hollow[0].get_zorder() > figure.axes[0].containers[0].lines[0].get_zorder()  # over the filled marker
+    assert legend_texts(figure) == ["AdamW", "MARS-approx", STOPPED_NOTE]
+    plt.close(figure)
+    [[gamma_line]] = sweep_lines(runs, "gamma").values()
+    figure = panel_figure([gamma_line], "gamma", "sweep")
+    assert legend_texts(figure) == ["MARS-approx"]  # nothing stopped: no hollow points to explain
+    plt.close(figure)
 
 
 def test_writes_an_lr_and_a_gamma_figure(sweep, tmp_path, capsys):

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.runs import display_optimizer, group_settings, load_runs, nominal_tokens, tokens_label
+from scripts.runs import display_optimizer, group_settings, load_runs, nominal_tokens, setting_labels, tokens_label
 
 
 @pytest.mark.parametrize("tokens, label", [(10_000 * 491_520, "5B"), (40_000 * 491_520, "20B"),
@@ -171,3 +171,57 @@ def test_a_run_saved_before_data_sampling_pools_with_random_sampling_but_not_wit
     [settings] = group_settings(load_runs([str(tmp_path)])).values()
     assert sorted(sorted(Path(run.name).name for run in setting.runs) for setting in settings) == [
         ["old", "random"], ["sequential"]]
+
+
+def record_data_read(run_dir: Path, train_tokens: int, step: int = 0, source: str | None = None) -> None:
+    """What train.py logs at each launch: the tokens (and source) of the shards it reads."""
+    data = {"train": {"tokens": train_tokens, "shards": 1, "source": source},
+            "val": {"tokens": 1000, "shards": 1, "source": source}}
+    with open(run_dir / "metrics.jsonl", "a") as log:
+        log.write(json.dumps({"step": step, "data": data}) + "\n")
+
+
+def test_runs_of_one_config_that_read_other_data_are_not_seeds_of_each_other(tmp_path, make_run):
+    # fineweb-edu's 10B and 100B samples, each where its machine keeps it: data.dir says nothing, the size does.
+    base = ["optimizer=adamw", "train.max_iters=10", "data=embedded"]
+    for name, seed, tokens in (("a1", 1, 10_000), ("a2", 2, 10_000), ("b", 3, 100_000)):
+        run = make_run(tmp_path / name, [*base, f"train.seed={seed}", f"data.dir=/{name}"], [10.8, 6.0], 1024)
+        record_data_read(run, tokens, source="HuggingFaceFW/fineweb-edu sample-10BT" if tokens == 10_000 else None)
+    make_run(tmp_path / "unrecorded", [*base, "train.seed=4"], [10.8, 6.1], 1024)
+    [settings] = group_settings(load_runs([str(tmp_path)])).values()
+    assert sorted(sorted(Path(run.name).name for run in setting.runs) for setting in settings) == [
+        ["a1", "a2"], ["b"], ["unrecorded"]]  # with two sizes read, a run that did not record its own is apart
+    assert sorted(setting_labels(settings)) == ["read=100,000 train tokens",
+                                                "read=HuggingFaceFW/fineweb-edu sample-10BT, 10,000 train tokens",
+                                                "read=not recorded"]
+
+
+def test_a_run_that_did_not_record_its_data_pools_with_seeds_that_all_read_the_same(tmp_path, make_run):
+    base = ["optimizer=adamw", "train.max_iters=10"]
+    record_data_read(make_run(tmp_path / "new", base, [10.8, 6.0], 1024), 10_000)
+    make_run(tmp_path / "old", [*base, "train.seed=2"], [10.8, 6.1], 1024)
+    [[setting]] = group_settings(load_runs([str(tmp_path)])).values()
+    assert len(setting.runs) == 2 and setting_labels([setting]) == [""]
+
+
+def test_a_run_resumed_on_other_shards_is_a_setting_of_its_own(tmp_path, make_run):
+    base = ["optimizer=adamw", "train.max_iters=10"]
+    for name, seed in (("same", 1), ("resumed", 2), ("reprepared", 3)):
+        run = make_run(tmp_path / name, [*base, f"train.seed={seed}"], [10.8, 6.0], 1024)
+        record_data_read(run, 10_000)
+        record_data_read(run, 10_000 if name != "reprepared" else 12_000, step=5)
+    [settings] = group_settings(load_runs([str(tmp_path)])).values()
+    assert sorted(sorted(Path(run.name).name for run in setting.runs) for setting in settings) == [
+        ["reprepared"], ["resumed", "same"]]
+
+
+def test_runs_evaluated_otherwise_are_not_seeds_of_each_other(tmp_path, make_run):
+    # A best loss over twice as many evaluations, or over fewer batches each, is not the same figure.
+    base = ["optimizer=adamw", "train.max_iters=10"]
+    make_run(tmp_path / "plain", base, [10.8, 6.0], 1024)
+    make_run(tmp_path / "seed2", [*base, "train.seed=2"], [10.8, 6.1], 1024)
+    make_run(tmp_path / "denser", [*base, "train.seed=3", "train.eval_interval=5"], [10.8, 6.2], 1024)
+    make_run(tmp_path / "fewer", [*base, "train.seed=4", "train.eval_iters=2"], [10.8, 6.3], 1024)
+    [settings] = group_settings(load_runs([str(tmp_path)])).values()
+    assert sorted(sorted(Path(run.name).name for run in setting.runs) for setting in settings) == [
+        ["denser"], ["fewer"], ["plain", "seed2"]]

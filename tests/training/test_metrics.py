@@ -25,13 +25,15 @@ def _logger_with(tmp_path, records):
     return MetricsLogger(tmp_path, SimpleNamespace(mode=WandbMode.disabled), {}, "run")
 
 
-def test_discard_after_keeps_the_records_up_to_the_step_and_drops_an_abandoned_resume_from_it(tmp_path):
-    records = [{"step": 0, "val/loss": 10.0}, {"step": 5, "resumed_from": "ckpt_5", "changed": {"train.seed": [1, 2]}},
+def test_discard_after_keeps_the_records_up_to_the_step_and_drops_an_abandoned_launch_from_it(tmp_path):
+    data = {"train": {"tokens": 100, "shards": 1, "source": None}}
+    records = [{"step": 0, "data": data}, {"step": 0, "val/loss": 10.0},
+               {"step": 5, "resumed_from": "ckpt_5", "changed": {"train.seed": [1, 2]}}, {"step": 5, "data": data},
                {"step": 10, "train/loss": 4.0}, {"step": 10, "val/loss": 4.5},
                {"step": 10, "resumed_from": "ckpt_10", "changed": {"optimizer.lr": [0.003, 0.01]}},
-               {"step": 11, "train/loss": 3.9}]
+               {"step": 10, "data": data}, {"step": 11, "train/loss": 3.9}]
     _logger_with(tmp_path, records).discard_after(10)
-    assert read_metrics(tmp_path) == records[:4]
+    assert read_metrics(tmp_path) == records[:6]
 
 
 def test_a_failure_while_the_log_is_rewritten_leaves_the_old_log_whole(tmp_path, monkeypatch):

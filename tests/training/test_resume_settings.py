@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from configs.schema import OPTIMIZER_SCHEMAS, ModelConfig, register_configs
 from model import GPT, GPTConfig
 from train import resume_from
+from training.checkpoint import CheckpointReadError, save_checkpoint
 from training.distributed import DistributedContext
 from training.optimizers import build_optimizer
 from training.resume import STATE_DEFINING_KEYS, ResumeRefused, check_resumable, config_changes
@@ -125,12 +126,24 @@ def test_every_state_defining_key_is_a_config_key():
     check_resumable({"optimizer.lr": (1e-3, 2e-3)}, "ckpt.pt")  # hyperparameters pass
 
 
-def test_ranks_that_found_different_newest_checkpoints_stop_naming_each_ranks(monkeypatch):
+def test_ranks_that_found_different_newest_checkpoints_stop_naming_each_ranks(monkeypatch, tmp_path):
     import train
 
-    found_by_rank = ["ckpt_00000020.pt", "ckpt_00000010.pt"]  # rank 1 could not read step 20 (a lagging NFS)
-    monkeypatch.setattr(train, "all_gather_objects", lambda name, ctx: found_by_rank)
+    save_checkpoint(tmp_path, 20, {"step": 20}, keep=2)
+    outcomes = [("found", "ckpt_00000020.pt"), ("found", "ckpt_00000010.pt")]  # rank 1 lags (an NFS cache)
+    monkeypatch.setattr(train, "all_gather_objects", lambda outcome, ctx: outcomes)
     with pytest.raises(ValueError, match=r"rank 0: ckpt_00000020.pt, rank 1: ckpt_00000010.pt"):
-        train.check_ranks_found_one_checkpoint(Path("ckpt_00000020.pt"), Path("run"), DistributedContext())
-    found_by_rank = ["ckpt_00000020.pt"] * 2
-    train.check_ranks_found_one_checkpoint(Path("ckpt_00000020.pt"), Path("run"), DistributedContext())
+        train.find_resume_checkpoint(tmp_path, torch.device("cpu"), DistributedContext())
+    outcomes = [("found", "ckpt_00000020.pt")] * 2
+    path, state = train.find_resume_checkpoint(tmp_path, torch.device("cpu"), DistributedContext())
+    assert path.name == "ckpt_00000020.pt" and state["step"] == 20
+
+
+def test_a_rank_that_cannot_read_any_checkpoint_stops_every_rank_not_only_itself(monkeypatch, tmp_path):
+    import train
+
+    save_checkpoint(tmp_path, 20, {"step": 20}, keep=2)
+    outcomes = [("found", "ckpt_00000020.pt"), ("error", "none of the 1 checkpoints in /run can be read")]
+    monkeypatch.setattr(train, "all_gather_objects", lambda outcome, ctx: outcomes)
+    with pytest.raises(CheckpointReadError, match=r"rank 1 cannot resume: none of the 1 checkpoints"):
+        train.find_resume_checkpoint(tmp_path, torch.device("cpu"), DistributedContext())
