@@ -147,9 +147,9 @@ def find_resume_checkpoint(run_dir: Path, device: torch.device, ctx: Distributed
     found, problem = None, None
     try:
         found = latest_checkpoint(run_dir, device)
-    except (UnreadableCheckpoints, CheckpointReadError) as err:
+    except Exception as err:  # whatever stops this rank (also running out of memory) must stop the others too
         problem = err
-    outcomes = all_gather_objects(("error", str(problem)) if problem else ("found", found and found[0].name), ctx)
+    outcomes = all_gather_objects(("error", f"{problem}") if problem else ("found", found and found[0].name), ctx)
     if problem is not None:
         raise problem
     failed = [(rank, message) for rank, (kind, message) in enumerate(outcomes) if kind == "error"]

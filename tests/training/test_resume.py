@@ -70,7 +70,7 @@ def test_sigkill_at_an_arbitrary_step_then_resume_reproduces_the_uninterrupted_l
     resumed = complete_run(tmp_path, "train.resume=true")
     # Bitwise on the CPU: same batches, same optimizer state, same dropout random stream.
     assert train_losses(resumed) == train_losses(uninterrupted)
-    assert [r["step"] for r in resumed] == [r["step"] for r in uninterrupted]
+    assert [r["step"] for r in resumed if "data" not in r] == [r["step"] for r in uninterrupted if "data" not in r]
 
 
 @pytest.mark.slow

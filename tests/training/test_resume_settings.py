@@ -147,3 +147,17 @@ def test_a_rank_that_cannot_read_any_checkpoint_stops_every_rank_not_only_itself
     monkeypatch.setattr(train, "all_gather_objects", lambda outcome, ctx: outcomes)
     with pytest.raises(CheckpointReadError, match=r"rank 1 cannot resume: none of the 1 checkpoints"):
         train.find_resume_checkpoint(tmp_path, torch.device("cpu"), DistributedContext())
+
+
+def test_a_rank_that_fails_to_load_tells_the_others_before_it_stops(monkeypatch, tmp_path):
+    import train
+
+    def out_of_memory(run_dir, device):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    told = []
+    monkeypatch.setattr(train, "latest_checkpoint", out_of_memory)
+    monkeypatch.setattr(train, "all_gather_objects", lambda outcome, ctx: told.append(outcome) or [outcome] * 2)
+    with pytest.raises(torch.OutOfMemoryError):  # its own error, after the others have heard of it
+        train.find_resume_checkpoint(tmp_path, torch.device("cpu"), DistributedContext())
+    assert told == [("error", "CUDA out of memory")]
