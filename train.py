@@ -283,7 +283,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
                         "changed": {key: list(values) for key, values in changes.items()}})
     # What this launch reads: the tables tell two corpora (or two samples of one) apart by it, wherever they lie.
     data_read = {"train": train_batches.tokens.summary(), "val": val_batches.tokens.summary()}
-    metrics.record({"step": start_step, "data": data_read})
+    metrics.record_launch_data(start_step, data_read)
     log.info("data %s: %s", cfg.data.name, " | ".join(
         f"{split} {read['tokens']:,} tokens in {read['shards']} shard(s)" for split, read in data_read.items())
         + (f" | made from {data_read['train']['source']}" if data_read["train"]["source"] else ""))

@@ -163,6 +163,7 @@ def test_wandb_offline_run_records_the_curves_and_its_id_in_the_checkpoint(tmp_p
     assert len(run_files) == 1
     history = run_files[0].read_bytes()  # wandb's protobuf records keep metric names as plain strings
     assert b"val/loss" in history and b"train/loss" in history
+    assert b"data_read" in history and b"shakespeare-v2" in history  # the corpus it read, in the run's config
     checkpoint = torch.load(tmp_path / "checkpoints" / "ckpt_00000004.pt", weights_only=True)
     assert run_files[0].name == f"run-{checkpoint['wandb_run_id']}.wandb"  # a resume continues this run
 

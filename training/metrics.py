@@ -92,6 +92,13 @@ class MetricsLogger:
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
+    def record_launch_data(self, step: int, data: dict) -> None:
+        """Record what this launch reads: in the log file, and in the wandb run's config (``data_read``), where a
+        look at the run tells which corpus, or which sample of one, it trained on."""
+        self.record({"step": step, "data": data})
+        if self.wandb_run is not None:
+            self.wandb_run.config.update({"data_read": data}, allow_val_change=True)
+
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
