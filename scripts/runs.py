@@ -183,8 +183,9 @@ def load_run(run_dir: Path) -> Run | None:
     # A launch that read other shards (a corpus prepared again, another sample in the same directory) changed the
     # data even where the config did not.
     launches = [r for r in records if "data" in r]
-    changes += [{"step": r["step"], "changed": {"data.read": [data_size(launches[0]["data"]), data_size(r["data"])]}}
-                for r in launches[1:] if data_size(r["data"]) != data_size(launches[0]["data"])]
+    first_read = data_size(launches[0]["data"]) if launches else None
+    changes += [{"step": r["step"], "changed": {"data.read": [first_read, data_size(r["data"])]}}
+                for r in launches[1:] if data_size(r["data"]) != first_read]
     if changes:
         setting["changed_on_resume"] = changes
     return Run(name=str(run_dir), corpus=corpus, model=model_label(cfg["model"]),
@@ -372,12 +373,12 @@ def split_by_data_read(runs: list[Run]) -> list[Setting]:
     them): fineweb-edu's 10B and 100B samples, or a corpus prepared twice, are never seeds of each other, wherever
     they lie. Runs logged before train.py recorded it join the others if those all read the same data, else they
     stand apart (``read=not recorded``)."""
-    sizes = {json.dumps(data_size(run.data)) for run in runs if run.data is not None}
-    if len(sizes) <= 1:
+    sizes = [None if run.data is None else json.dumps(data_size(run.data)) for run in runs]
+    if len(set(sizes) - {None}) <= 1:
         return [Setting(runs)]
     parts: dict[str | None, list[Run]] = {}
-    for run in runs:
-        parts.setdefault(None if run.data is None else json.dumps(data_size(run.data)), []).append(run)
+    for run, size in zip(runs, sizes):
+        parts.setdefault(size, []).append(run)
     return [Setting(members, read=data_label(members[0].data)) for members in parts.values()]
 
 

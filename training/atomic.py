@@ -3,6 +3,8 @@ import contextlib
 import os
 from pathlib import Path
 
+TEMPORARY_SUFFIX = ".tmp"  # a file being written: what a killed write leaves behind
+
 
 @contextlib.contextmanager
 def atomic_file(path: Path, mode: str = "w"):
@@ -12,7 +14,7 @@ def atomic_file(path: Path, mode: str = "w"):
     is left as it was.
     """
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(path.name + TEMPORARY_SUFFIX)
     try:
         with open(tmp, mode) as f:
             yield f

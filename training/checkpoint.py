@@ -12,6 +12,7 @@ log = logging.getLogger(__name__)
 
 # What save_checkpoint names a checkpoint; any other file (a user's ckpt_best.pt) is neither pruned nor resumed.
 CHECKPOINT_NAME = re.compile(r"ckpt_(\d+)\.pt")
+UNREADABLE_SUFFIX = ".unreadable"  # a checkpoint a resume fell back over, kept under this suffix
 
 
 class CheckpointSaveError(RuntimeError):
@@ -128,7 +129,7 @@ def set_aside_checkpoints_after(run_dir: Path, step: int) -> list[Path]:
     set_aside = []
     for path in checkpoint_files(run_dir):
         if checkpoint_step(path) > step:
-            target = path.with_name(path.name + ".unreadable")
+            target = path.with_name(path.name + UNREADABLE_SUFFIX)
             path.rename(target)
             log.warning("set aside %s (newer than the checkpoint resumed from, and unreadable) as %s", path,
                         target.name)

@@ -13,7 +13,8 @@ from typing import TextIO
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from training.checkpoint import checkpoint_dir, checkpoint_files
+from training.atomic import TEMPORARY_SUFFIX
+from training.checkpoint import UNREADABLE_SUFFIX, checkpoint_dir, checkpoint_files
 from training.metrics import METRICS_FILE
 
 log = logging.getLogger("train")
@@ -156,7 +157,7 @@ def check_writable(run_dir: Path) -> None:
 
 def remove_partial_checkpoints(run_dir: Path) -> None:
     """Delete temporary files of saves that never finished (a crash or a full disk mid-save)."""
-    for partial in checkpoint_dir(run_dir).glob("*.tmp"):
+    for partial in checkpoint_dir(run_dir).glob(f"*{TEMPORARY_SUFFIX}"):
         log.warning("removing %s, a checkpoint save that never finished", partial)
         partial.unlink()
 
@@ -165,7 +166,7 @@ def previous_run_files(run_dir: Path) -> list[Path]:
     """The records a run left in ``run_dir``: its checkpoints (those set aside as unreadable too), its non-empty
     metrics log and the logs set aside at restarts, and its wandb runs. (.hydra/ is rewritten by every run.)"""
     run_dir, checkpoints = Path(run_dir), checkpoint_dir(run_dir)
-    files = checkpoint_files(run_dir) + sorted(checkpoints.glob("ckpt_*.pt.unreadable"))
+    files = checkpoint_files(run_dir) + sorted(checkpoints.glob(f"ckpt_*.pt{UNREADABLE_SUFFIX}"))
     metrics = run_dir / METRICS_FILE
     if metrics.is_file() and metrics.stat().st_size > 0:
         files.append(metrics)
