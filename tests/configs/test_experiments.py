@@ -74,6 +74,9 @@ def test_preset_keeps_the_authors_fixed_settings(name):
     # Their OpenWebText batches: windows anywhere in train.bin (MARS/train_mars.py); FineWeb-Edu: one shard per
     # micro-batch, picked uniformly (MARS/train_mars_fw.py:141-149, MARS_M/train_mars_m_fw.py:141 alike).
     assert cfg.data.sampling.value == ("random_shard" if name.startswith("fwe") else "random")
+    # Their initial weights: torch.manual_seed(5000 + rank) on every rank, rank 0's broadcast by DDP
+    # (MARS/train_mars.py:126, MARS_M/train_mars_m.py:124); our model draws in their order from train.seed.
+    assert t.seed == 5000
 
 
 # The authors' config/train_gpt2_<size>_<optimizer>.py and their README's hyperparameter table.

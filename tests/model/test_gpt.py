@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from model import GPT, GPTConfig
 
@@ -65,6 +66,53 @@ def test_residual_projections_use_the_scaled_init():
     fc_std = model.transformer.h[0].mlp.c_fc.weight.std().item()
     assert proj_std == pytest.approx(0.02 / math.sqrt(2 * n_layer), rel=0.05)
     assert fc_std == pytest.approx(0.02, rel=0.05)
+
+
+def initial_weights_in_the_authors_order(config, seed):
+    """{name: tensor} of a GPT drawn as AGI-Arena/MARS MARS/model.py:126-151 draws it after
+    ``torch.manual_seed(seed)``: every Linear and Embedding takes torch's default init as it is built (wte, wpe,
+    then per block c_attn, attn c_proj, c_fc, mlp c_proj, then lm_head), then each is redrawn N(0, 0.02) in
+    module order (wte's draw lands in the tied head and is redrawn by lm_head's), then every c_proj N(0, 0.02 /
+    sqrt(2 n_layer))."""
+    torch.manual_seed(seed)
+    c = config.n_embd
+
+    def linear(fan_in, fan_out):
+        return nn.Linear(fan_in, fan_out, bias=config.bias)
+
+    wte, wpe = nn.Embedding(config.vocab_size, c), nn.Embedding(config.block_size, c)
+    blocks = [dict(zip(("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"),
+                       (linear(c, 3 * c), linear(c, c), linear(c, 4 * c), linear(4 * c, c))))
+              for _ in range(config.n_layer)]
+    head = nn.Linear(c, config.vocab_size, bias=False)
+    for module in [wte, wpe, *(m for block in blocks for m in block.values()), head]:
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)
+    for block in blocks:
+        for name in ("attn.c_proj", "mlp.c_proj"):
+            nn.init.normal_(block[name].weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+    weights = {"transformer.wte.weight": head.weight, "transformer.wpe.weight": wpe.weight}
+    for i, block in enumerate(blocks):
+        for name, module in block.items():
+            weights[f"transformer.h.{i}.{name}.weight"] = module.weight
+            if config.bias:
+                weights[f"transformer.h.{i}.{name}.bias"] = module.bias
+    return weights
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_initial_weights_are_the_authors_draw_for_the_same_seed(bias):
+    # The presets seed 5000, as the authors' trainers do on rank 0 (whose weights DDP gives every rank), so a
+    # preset run starts from their initial weights only if the model draws in their order.
+    config = GPTConfig(n_layer=3, n_head=2, n_embd=16, block_size=8, vocab_size=50, bias=bias)
+    expected = initial_weights_in_the_authors_order(config, seed=5000)
+    torch.manual_seed(5000)
+    model = GPT(config)
+    drawn = {name: p for name, p in model.named_parameters() if not name.split(".")[-2].startswith("ln_")}
+    assert drawn.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(drawn[name], tensor), name
 
 
 def test_sequence_longer_than_context_is_rejected():
