@@ -90,10 +90,19 @@ def newton_schulz5(matrix: Tensor, steps: int = 5, eps: float = 1e-7, dtype: tor
     return x.to(matrix.dtype)
 
 
-def apply_update(param: Tensor, update: Tensor, lr: float, weight_decay: float) -> None:
-    """p <- p - lr * (update + weight_decay * p), computed in float32 and written back in p's dtype."""
+def apply_update(param: Tensor, update: Tensor, lr: float, weight_decay: float, *,
+                 decay_inside_add: bool = False) -> None:
+    """p <- p - lr * (update + weight_decay * p), computed in float32 and written back in p's dtype.
+
+    The official code rounds weight_decay * p before adding the update, except for mars-shampoo's matrices
+    (``decay_inside_add``), whose ``update.add(wd, p)`` rounds once (MARS/optimizers/mars.py:38 against :33, :35).
+    """
     p32 = param.float()
-    p32.add_(torch.mul(p32, weight_decay).add(update).mul(-lr))
+    if decay_inside_add:
+        decayed = update.add(p32, alpha=weight_decay)
+    else:
+        decayed = torch.mul(p32, weight_decay).add(update)
+    p32.add_(decayed.mul(-lr))
     param.copy_(p32)
 
 
@@ -139,6 +148,8 @@ def mars_step(
         # The official code passes the optimizer's eps to Newton-Schulz as its normalisation guard.
         scale = max(1.0, param.size(0) / param.size(1)) ** 0.5
         update = newton_schulz5(exp_avg.mul(1.0 / (1.0 - beta1)), eps=eps, dtype=ns_dtype).mul(scale)
+        apply_update(param, update, lr, weight_decay, decay_inside_add=True)
+        return
     apply_update(param, update, lr, weight_decay)
 
 

@@ -34,11 +34,10 @@ def shampoo_directions(grads: list[Tensor], last_grads: list[Tensor], exp_avgs: 
 @torch.no_grad()
 def apply_shampoo_updates(params: list[Tensor], updates: list[Tensor], *, lr: float, weight_decay: float) -> None:
     """Each update scaled in place by sqrt(max(1, rows / cols)), then p <- p - lr * (update + weight_decay * p) on a
-    float32 copy of p, as :func:`mars.reference.apply_update`."""
+    float32 copy of p, as :func:`mars.reference.apply_update` with ``decay_inside_add``."""
     scale_in_place(updates, shape_scales(params))
     works = [param.float() for param in params]
-    deltas = torch._foreach_mul(works, weight_decay)
-    torch._foreach_add_(deltas, updates)
+    deltas = torch._foreach_add(updates, works, alpha=weight_decay)  # one rounding, as the reference
     torch._foreach_mul_(deltas, -lr)
     torch._foreach_add_(works, deltas)
     write_back(params, works)

@@ -276,9 +276,10 @@ def shampoo_trajectory(backend, ns_dtype, shapes, steps=5, ns_form="products"):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("is_approx", [True, False], ids=["approx", "exact"])
 def test_shampoo_fast_path_steps_bit_for_bit_as_the_reference(dtype, is_approx):
-    # Gradient scales cycle so that c_t is clipped on some steps and not on others; matrices tall, wide and square
+    # Gradient scales cycle so that c_t is clipped on some steps and not on others; matrices tall, wide and square,
+    # large enough that a last-bit difference of the weight decay's rounding shows
     # (the 1-D tensors' AdamW is the backends' own: not compared here).
-    shapes, scales = [(12, 4), (4, 12), (8, 8)], (3.0, 1e-3, 1e-3, 0.3)
+    shapes, scales = [(96, 32), (32, 96), (64, 64)], (3.0, 1e-3, 1e-3, 0.3)
     generator = torch.Generator().manual_seed(5)
     initial = [torch.randn(shape, generator=generator).to(dtype) for shape in shapes]
     grads = [[(torch.randn(shape, generator=generator) * scale).to(dtype) for shape in shapes] for scale in scales * 2]

@@ -118,6 +118,22 @@ def test_mars_shampoo_steps_by_the_orthogonalised_momentum_scaled_by_shape(shape
     torch.testing.assert_close(param, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_mars_shampoo_rounds_its_step_in_the_official_order():
+    # MARS/optimizers/mars.py:38 adds the decay inside one add, NS(m).mul(factor).add(wd, p).mul(-lr), where
+    # mars-adamw and mars-lion round wd * p first (:33, :35): a last-bit difference the reference must not make.
+    torch.manual_seed(7)
+    param, grad = torch.randn(64, 48), torch.randn(64, 48) * 0.01
+    p0 = param.clone()
+    mars_step(param, grad, zeros_state(param), step=1, mars_type="mars-shampoo")
+    c_t = reference.corrected_gradient(grad, torch.zeros_like(grad), GAMMA, BETA1)
+    momentum = torch.zeros_like(c_t).add(c_t, alpha=1.0 - BETA1)
+    update = reference.newton_schulz5(momentum.mul(1.0 / (1.0 - BETA1)), eps=EPS).mul(max(1.0, 64 / 48) ** 0.5)
+    official = p0.add(update.add(p0, alpha=WD).mul(-LR))
+    decay_rounded_first = p0.add(torch.mul(p0, WD).add(update).mul(-LR))
+    assert not torch.equal(official, decay_rounded_first)  # the data tells the two orders apart
+    assert torch.equal(param, official)
+
+
 def test_mars_shampoo_takes_the_adamw_style_rule_on_tensors_that_are_not_2d():
     torch.manual_seed(6)
     shampoo_param, grad = torch.randn(7), torch.randn(7) * 0.01
