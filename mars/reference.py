@@ -148,9 +148,8 @@ def mars_step(
         # The official code passes the optimizer's eps to Newton-Schulz as its normalisation guard.
         scale = max(1.0, param.size(0) / param.size(1)) ** 0.5
         update = newton_schulz5(exp_avg.mul(1.0 / (1.0 - beta1)), eps=eps, dtype=ns_dtype).mul(scale)
-        apply_update(param, update, lr, weight_decay, decay_inside_add=True)
-        return
-    apply_update(param, update, lr, weight_decay)
+    shampoo_matrix = mars_type == "mars-shampoo" and param.dim() == 2
+    apply_update(param, update, lr, weight_decay, decay_inside_add=shampoo_matrix)
 
 
 @torch.no_grad()
