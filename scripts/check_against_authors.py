@@ -1,4 +1,4 @@
-"""Our optimizers beside the MARS authors' own optimizer files, step by step, on the CPU.
+"""Our optimizers beside the MARS authors' own optimizer files, step by step, on the CPU; and our GPT beside theirs.
 
     python -m scripts.check_against_authors --authors-dir /path/to/AGI-Arena-MARS-checkout [--steps 40]
                                             [--only NAME ...] [--output-dir results]
@@ -38,6 +38,7 @@ from hydra import compose, initialize_config_dir
 from torch import nn
 
 from configs.schema import LrSchedule, register_configs
+from model import GPT, GPTConfig
 from scripts.bench_report import run_record, write_report
 from training.optimizers import build_optimizer
 from training.schedule import apply_schedule, learning_rate
@@ -344,6 +345,44 @@ def their_moonlight(authors: AuthorsCode, model: nn.Module, window: dict) -> Sid
     return Side(model, optimizer, set_group_lrs(optimizer, 6e-3, window))
 
 
+# ------------------------------------------------------------------------------------------------- the model
+# The presets' model options (configs/paper/common.yaml) at toy depth and width, with GPT-2's padded vocabulary.
+MODEL_CHECK = dict(block_size=64, vocab_size=50304, n_layer=2, n_head=4, n_embd=64, dropout=0.0, bias=False,
+                   scale_attn_by_inverse_layer_idx=True)
+PRESET_SEED = 5000  # the presets' train.seed: their rank 0's torch.manual_seed(5000 + 0) (MARS/train_mars.py:126)
+
+
+def compare_models(authors: AuthorsCode) -> dict:
+    """Their GPT and ours, each built right after ``torch.manual_seed(PRESET_SEED)``: which initial weights differ,
+    and the float32 losses of one batch (their attention softmax is written out, ours is SDPA: rounding apart)."""
+    torch.manual_seed(PRESET_SEED)
+    with contextlib.redirect_stdout(io.StringIO()):  # their constructor prints the parameter count
+        theirs = authors.model.GPT(authors.model.GPTConfig(**MODEL_CHECK))
+    torch.manual_seed(PRESET_SEED)
+    ours = GPT(GPTConfig(**MODEL_CHECK, activation="gelu_tanh"))
+    their_params = dict(theirs.named_parameters())
+    differing = sorted(name for name, param in ours.named_parameters()
+                       if name not in their_params or not torch.equal(param, their_params[name]))
+    tokens = torch.randint(0, 50257, (2, MODEL_CHECK["block_size"] + 1),
+                           generator=torch.Generator().manual_seed(PRESET_SEED))
+    inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    with torch.no_grad():
+        our_loss = ours(inputs, targets)[1].item()
+        their_loss = theirs(inputs, targets)[1].item()
+    return {"initial_weights_equal": not differing, "differing_weights": differing, "our_loss": our_loss,
+            "their_loss": their_loss, "loss_abs_diff": abs(our_loss - their_loss)}
+
+
+def model_paragraph(model: dict) -> str:
+    equal = "equal, tensor for tensor" if model["initial_weights_equal"] else \
+        f"NOT equal: {', '.join(model['differing_weights'])}"
+    shape = (f"{MODEL_CHECK['n_layer']} layers, {MODEL_CHECK['n_head']} heads, width {MODEL_CHECK['n_embd']}, "
+             f"vocabulary {MODEL_CHECK['vocab_size']:,}, the presets' options, tanh GELU")
+    return (f"Model: their GPT and ours ({shape}), each built after torch.manual_seed({PRESET_SEED}): "
+            f"initial weights {equal}; float32 loss of one batch {model['their_loss']:.6f} (theirs) and "
+            f"{model['our_loss']:.6f} (ours), {format_difference(model['loss_abs_diff'])} apart.")
+
+
 # ---------------------------------------------------------------------------------------------- the variants
 @dataclass(frozen=True)
 class Variant:
@@ -440,14 +479,16 @@ def main(argv: list[str] | None = None) -> None:
         warnings.filterwarnings("ignore", message="This overload of add is deprecated", category=UserWarning)
         authors = load_authors_code(args.authors_dir)
         per_step = {variant.name: run_variant(variant, authors, args.steps) for variant in variants}
+        model = compare_models(authors)
     summaries = {name: summarise(rows) for name, rows in per_step.items()}
     commit = authors_commit(args.authors_dir)
     record = run_record("check_against_authors", argv, torch.device("cpu"), steps=args.steps,
                         authors_dir=str(args.authors_dir), authors_commit=commit, torch_compile="disabled",
-                        ns_dtype="bfloat16", summaries=summaries,
+                        ns_dtype="bfloat16", model=model, summaries=summaries,
                         per_step={name: without_tensor_names(rows) for name, rows in per_step.items()})
     write_report(args.output_dir, "check_against_authors_cpu", "Our optimizers beside the MARS authors' files",
-                 record, setup_notes(args.authors_dir, commit) + "\n\n" + markdown_table(summaries, args.steps))
+                 record, "\n\n".join([setup_notes(args.authors_dir, commit), model_paragraph(model),
+                                        markdown_table(summaries, args.steps)]))
 
 
 if __name__ == "__main__":

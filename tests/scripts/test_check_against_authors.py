@@ -138,6 +138,19 @@ def test_main_writes_the_table_and_the_record_of_every_step(tmp_path, monkeypatc
     assert record["summaries"] == {"mars-m-approx": {"bitwise": True, "first_differing_step": None,
                                                      "first_differing_tensors": [], "max_abs_diff": 0.0}}
     assert len(record["per_step"]["mars-m-approx"]) == STEPS
+    assert record["model"]["initial_weights_equal"] and "initial weights equal, tensor for tensor" in table
+
+
+def test_a_model_that_draws_its_weights_otherwise_is_reported_naming_them():
+    def gpt_drawing_once_first(config):
+        torch.rand(1)  # one draw before the modules: every weight after it comes out different
+        return GPT(config)
+    model = check.compare_models(SimpleNamespace(model=SimpleNamespace(GPT=gpt_drawing_once_first,
+                                                                       GPTConfig=GPTConfig)))
+    assert not model["initial_weights_equal"]
+    assert "transformer.wte.weight" in model["differing_weights"]
+    assert model["loss_abs_diff"] > 0
+    assert "NOT equal: " in check.model_paragraph(model)
 
 
 def test_too_few_steps_for_the_schedule_are_refused(tmp_path):
