@@ -26,17 +26,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from configs.schema import COMPILE_MODES, Precision, register_configs
+from configs.compose import compose_config
+from configs.schema import COMPILE_MODES, Precision
 from data.loader import build_batches
 from model import GPT, GPTConfig
 from scripts.bench_optimizer import device_name
 from training.optimizers import build_optimizer
 from training.runtime import autocast_context, peak_flops, resolve_dtype
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 OPTIMIZERS = {  # label: overrides of configs/
     "AdamW": ["optimizer=adamw"],
     "MARS-AdamW approx": ["optimizer=mars-adamw"],
@@ -61,12 +60,6 @@ PHASES = ("data", "forward", "backward", "look-ahead", "clip", "optimizer")
 BASELINE = "AdamW"
 
 
-def compose_config(model: str, overrides: list[str]):
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return compose(config_name="config", overrides=[f"model={model}", *overrides])
-
-
 class Stopwatch:
     """Milliseconds of a phase, synchronising the device first so that its queued work counts."""
 
@@ -89,7 +82,7 @@ def row_label(optimizer: str, loss_chunk_size: int, compile_mode: str = "default
 def bench_optimizer(optimizer_label: str, loss_chunk_size: int, args, device: torch.device,
                     compile_mode: str = "default") -> dict:
     ns_dtype = [f"optimizer.ns_dtype={args.ns_dtype}"] if optimizer_label in ORTHOGONALISING else []
-    cfg = compose_config(args.model, OPTIMIZERS[optimizer_label] + ns_dtype + args.override)
+    cfg = compose_config([f"model={args.model}", *OPTIMIZERS[optimizer_label], *ns_dtype, *args.override])
     torch.manual_seed(0)
     model_config = GPTConfig(**OmegaConf.to_container(cfg.model))
     model = GPT(model_config).to(device)

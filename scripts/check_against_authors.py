@@ -34,16 +34,15 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 from torch import nn
 
-from configs.schema import LrSchedule, register_configs
+from configs.compose import compose_config
+from configs.schema import LrSchedule
 from model import GPT, GPTConfig
 from scripts.bench_report import run_record, write_report
 from training.optimizers import build_optimizer
 from training.schedule import apply_schedule, learning_rate
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 # The files imported from --authors-dir, relative to their checkout.
 AUTHORS_FILES = ("MARS/model.py", "MARS/opt.py", "MARS/optimizers/mars.py", "MARS/optimizers/adamw.py",
                  "MARS/optimizers/muon.py", "MARS_M/optimizers/mars_m.py", "MARS_M/optimizers/mars_m_efficient.py",
@@ -235,15 +234,9 @@ def lr_window(steps: int) -> dict:
     return dict(warmup_iters=WARMUP_STEPS, decay_iters=steps - 2)
 
 
-def compose_preset(experiment: str, overrides: tuple[str, ...]):
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return compose(config_name="config", overrides=[f"experiment={experiment}", NS_DTYPE, *overrides])
-
-
 def our_side(variant: "Variant", model: nn.Module, window: dict) -> Side:
     """Our optimizer for ``variant`` over ``model``, built and scheduled as train.py does (train.py:342-351)."""
-    cfg = compose_preset(variant.experiment, variant.overrides)
+    cfg = compose_config([f"experiment={variant.experiment}", NS_DTYPE, *variant.overrides])
     optimizer = build_optimizer(cfg.optimizer, model)
     if not variant.foreach:
         optimizer.foreach = False

@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from configs.compose import compose_config
 from scripts import bench_train
 
 
@@ -66,7 +67,7 @@ def test_every_row_is_a_valid_config_of_what_it_names():
     from configs.schema import validate
 
     for label, overrides in bench_train.OPTIMIZERS.items():
-        cfg = bench_train.compose_config("tiny", overrides)
+        cfg = compose_config(["model=tiny", *overrides])
         validate(cfg)
         assert cfg.optimizer.get("ns_cuda_graph", False) == ("CUDA graph" in label), label
         assert ("fused_gram" in label) == (cfg.optimizer.get("ns_form") == "fused_gram"), label
