@@ -28,6 +28,7 @@ from training.distributed import (DistributedContext, all_gather_objects, distri
 from training.divergence import DivergenceGuard, TrainingDiverged, non_finite_entries, non_finite_state_message
 from training.metrics import MetricsLogger
 from training.preemption import PreemptionSignal, TerminatedEarlier, refuse_if_terminated
+from training.provenance import code_on_every_rank, describe_launch, launch_record
 from training.resume import check_resumable, config_changes, configured_hyperparameters, restore_hyperparameters
 from training.run_dir import RunDirectoryError, RunDirectoryLock, prepare_run_dir, write_hydra_record
 from training.optimizers import build_optimizer, full_state_dict, local_optimizer, state_bytes
@@ -224,6 +225,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
     device = ctx.device
     if not ctx.is_main:
         logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the run
+    code, rank_codes = code_on_every_rank(ctx)  # nodes holding different code stop here
     t.grad_accum_steps = grad_accum_steps_for(t, ctx.world_size)  # the checkpoint's config records the result
     dtype = resolve_dtype(t.dtype, device)
     set_tf32(t.tf32)
@@ -283,10 +285,14 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
                         "changed": {key: list(values) for key, values in changes.items()}})
     # What this launch reads: the tables tell two corpora (or two samples of one) apart by it, wherever they lie.
     data_read = {"train": train_batches.tokens.summary(), "val": val_batches.tokens.summary()}
-    metrics.record_launch_data(start_step, data_read)
+    metrics.record_launch(start_step, "data", data_read)
     log.info("data %s: %s", cfg.data.name, " | ".join(
         f"{split} {read['tokens']:,} tokens in {read['shards']} shard(s)" for split, read in data_read.items())
         + (f" | made from {data_read['train']['source']}" if data_read["train"]["source"] else ""))
+    if ctx.is_main:  # which code, libraries and hosts ran the steps from here on
+        launch = launch_record(run_dir, start_step, code, rank_codes, device)
+        metrics.record_launch(start_step, "launch", launch)
+        log.info("launch: %s", describe_launch(launch))
     tokens_per_step = t.batch_size * t.block_size * t.grad_accum_steps * ctx.world_size
     flops_peak = peak_flops(device)
     log.info("model %.2fM parameters | %d processes | global batch %d tokens (%d x %d x %d accumulation x %d "

@@ -196,8 +196,8 @@ def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
     lines = ["### Every setting (seeds averaged; the best setting of each optimizer is the one in the table above; "
              "within first B: the best validation loss within the first B tokens of these runs)",
              "", "| corpus | model | tokens | optimizer | lr | gamma | seeds | best val loss | sd | within first B | "
-             "runs |", "|---|---|---:|---|---:|---:|---:|---:|---:|---|---|"]
-    any_stopped = False
+             "runs | code |", "|---|---|---:|---|---:|---:|---:|---:|---:|---|---|---|"]
+    any_stopped = any_mixed_code = False
     for (corpus, model, budget, optimizer), settings in sorted(groups.items(), key=lambda item: group_order(*item[0])):
         budgets = budget_columns(groups, corpus)
         for setting in settings:
@@ -212,9 +212,15 @@ def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
                                for b, loss in within_run_losses(setting, budget, budgets).items()) or MISSING
             names = ", ".join(Path(r.name).name + (f" (stopped {r.stopped_at})" if r.stopped_early else "")
                               for r in setting.runs)
+            any_mixed_code |= len(setting.code) > 1
             lines.append(f"| {display_corpus(corpus)} | {display_model(model)} | {tokens_label(budget)} | "
                          f"{display_optimizer(optimizer)} | {lr} | {gamma} | {len(setting.runs)} | {best} | "
-                         f"{spread} | {within} | {names} |")
+                         f"{spread} | {within} | {names} | {', '.join(setting.code) or MISSING} |")
+    lines += ["", "code: the commit each launch of the runs ran (train.py logs it), + where it ran uncommitted changes "
+              "(saved in the run's code/ directory), – where not logged."]
+    if any_mixed_code:
+        lines.append("Settings with more than one code version ran them in different seeds or launches: check "
+                     "that the changes between them leave the results alone before comparing.")
     if any_stopped:
         lines += ["", f"Best val losses marked {STOPPED} include runs that stopped before their configured steps: "
                   "the runs column says where."]

@@ -65,6 +65,7 @@ class Run:
     max_iters: int | None = None  # the steps it is configured for; None if unknown
     config: dict = field(default_factory=dict)  # the composed config as saved, when read from a run directory
     data: dict | None = None  # what its first launch read ({"train": {"tokens": ...}, "val": ...}); None if unlogged
+    code: list[str] = field(default_factory=list)  # the code each launch ran (code_label); empty if unlogged
 
     @property
     def evaluations(self) -> list[dict]:
@@ -192,7 +193,16 @@ def load_run(run_dir: Path) -> Run | None:
                optimizer=optimizer_label(cfg["optimizer"]), budget=budget,
                setting=json.dumps(setting, sort_keys=True), lr=cfg["optimizer"]["lr"],
                gamma=cfg["optimizer"].get("gamma"), records=records, max_iters=cfg["train"]["max_iters"],
-               config=cfg, data=launches[0]["data"] if launches else None)
+               config=cfg, data=launches[0]["data"] if launches else None,
+               code=[code_label(r["launch"]) for r in records if "launch" in r])
+
+
+def code_label(launch: dict) -> str:
+    """A launch's code as a table shows it: the commit's first 7 digits, ``+`` if it ran uncommitted changes
+    (saved in the run's ``code/`` directory), ``unknown`` where it ran outside a git checkout."""
+    if launch["commit"] is None:
+        return "unknown"
+    return launch["commit"][:7] + ("+" if launch["patch"] else "")
 
 
 def data_size(data: dict) -> dict[str, int]:
@@ -328,6 +338,11 @@ class Setting:
     def mean_best_val_loss(self) -> float:
         losses = self.best_val_losses
         return statistics.fmean(losses) if losses else math.inf
+
+    @property
+    def code(self) -> list[str]:
+        """The code its runs' launches ran (:func:`code_label`), each once, in the order of the runs."""
+        return list(dict.fromkeys(label for run in self.runs for label in run.code))
 
     @property
     def stopped_runs(self) -> list[Run]:

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from data.embedded import clean_play, play_files
+from training.metrics import LAUNCH_KEYS
+from training.provenance import code_version
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["model.n_layer=2", "model.n_head=2", "model.n_embd=64", "train.batch_size=2", "train.block_size=32",
@@ -46,9 +48,18 @@ def test_run_resumed_from_a_checkpoint_continues_exactly_like_the_uninterrupted_
               "train.resume=true")
     resumed_records = metrics(resumed)
     assert train_losses(resumed_records) == train_losses(records)  # bitwise: same batches, same RNG, same state
-    training_log = [r["step"] for r in records if "data" not in r]
-    assert [r["step"] for r in resumed_records if "data" not in r] == training_log  # no duplicated log lines
+    training_log = [r["step"] for r in records if not LAUNCH_KEYS & r.keys()]
+    assert [r["step"] for r in resumed_records if not LAUNCH_KEYS & r.keys()] == training_log  # no duplicated lines
     assert [r["step"] for r in resumed_records if "data" in r] == [0, 4]  # each launch records what it read
+    launches = [r["launch"] for r in resumed_records if "launch" in r]  # ... and the code it ran
+    assert [r["step"] for r in resumed_records if "launch" in r] == [0, 4]
+    code = code_version()
+    assert {launch["commit"] for launch in launches} == {code["commit"]}
+    assert launches[1]["command"][-1] == "train.resume=true" and launches[1]["world_size"] == 1
+    if code["diff"]:  # a working tree with uncommitted changes: each launch saved them
+        assert (resumed / launches[1]["patch"]).read_bytes() == code["diff"]
+    else:
+        assert launches[1]["patch"] is None and not (resumed / "code").exists()
 
 
 def test_a_fresh_run_in_a_used_directory_is_refused_unless_overwrite_and_then_keeps_nothing_of_the_old_run(tmp_path):
@@ -66,7 +77,7 @@ def test_a_fresh_run_in_a_used_directory_is_refused_unless_overwrite_and_then_ke
 
     run_train(tmp_path, *run, "optimizer.lr=2e-2", "train.overwrite=true")
     second = metrics(tmp_path)
-    assert [r["step"] for r in second if "data" not in r] == [0, 1, 2, 3, 4, 4]  # not appended to the old records
+    assert [r["step"] for r in second if not LAUNCH_KEYS & r.keys()] == [0, 1, 2, 3, 4, 4]  # nothing of the old log
     # The old run's higher-numbered checkpoint is gone: pruning and resume see only the new run.
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["ckpt_00000004.pt"]
     assert "lr: 0.02" in (tmp_path / ".hydra" / "config.yaml").read_text()

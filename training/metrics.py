@@ -9,7 +9,9 @@ from training.atomic import atomic_file
 log = logging.getLogger("train")
 
 METRICS_FILE = "metrics.jsonl"
-LAUNCH_KEYS = {"resumed_from", "data"}  # records a launch writes at its first step, before it trains
+LAUNCH_KEYS = {"resumed_from", "data", "launch"}  # records a launch writes at its first step, before it trains
+# Where a launch record goes in the wandb run's config.
+WANDB_LAUNCH_KEYS = {"data": "data_read", "launch": "launch"}
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -92,12 +94,13 @@ class MetricsLogger:
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
-    def record_launch_data(self, step: int, data: dict) -> None:
-        """Record what this launch reads: in the log file, and in the wandb run's config (``data_read``), where a
-        look at the run tells which corpus, or which sample of one, it trained on."""
-        self.record({"step": step, "data": data})
+    def record_launch(self, step: int, key: str, value: dict) -> None:
+        """Record what this launch reads (``data``) or runs (``launch``: code, libraries, hosts): in the log file,
+        and in the wandb run's config (``data_read``, ``launch``), where a look at the run tells which corpus it
+        trained on and which code trained it."""
+        self.record({"step": step, key: value})
         if self.wandb_run is not None:
-            self.wandb_run.config.update({"data_read": data}, allow_val_change=True)
+            self.wandb_run.config.update({WANDB_LAUNCH_KEYS[key]: value}, allow_val_change=True)
 
     def log(self, record: dict) -> None:
         if not self.enabled:

@@ -1,5 +1,6 @@
 """The markdown table: our best validation loss beside the paper's, in the paper's layout, and every setting."""
 import csv
+import json
 import logging
 from pathlib import Path
 
@@ -146,7 +147,33 @@ def test_a_run_stopped_before_its_configured_steps_is_marked_with_where_it_stopp
     adamw = next(line for line in table.splitlines() if line.startswith("| OpenWebText | GPT-2 small | 5B | AdamW"))
     cells = [cell.strip() for cell in adamw.strip("|").split("|")]
     assert cells[6:8] == ["3", "3.302*"]
-    assert cells[-1] == "adamw-seed1, adamw-seed2, adamw-seed3 (stopped at step 5,000 of 10,000)"
+    assert cells[-2] == "adamw-seed1, adamw-seed2, adamw-seed3 (stopped at step 5,000 of 10,000)"
+
+
+def record_launch(run_dir: Path, step: int, commit: str | None, patch: str | None = None) -> None:
+    """A launch record as train.py writes it, for the fields the table reads."""
+    launch = {"commit": commit, "patch": patch, "untracked": [], "untracked_count": 0}
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": step, "launch": launch}) + "\n")
+
+
+def test_the_code_column_names_the_commits_each_setting_ran_and_says_when_they_differ(paper_runs):
+    record_launch(paper_runs / "adamw-seed1", 0, "a" * 40)
+    record_launch(paper_runs / "adamw-seed2", 0, "a" * 40)
+    record_launch(paper_runs / "adamw-seed2", 5_000, "b" * 40, patch="code/launch_00005000.patch")  # resumed
+    record_launch(paper_runs / "mars-gamma0.025", 0, None)  # outside a git checkout
+    table = make_table(load_runs([str(paper_runs)]))
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()
+            if line.startswith("| OpenWebText | GPT-2 small | 5B")]
+    code = {(cells[3], cells[5]): cells[-1] for cells in rows}  # (optimizer, gamma): code
+    assert code == {("AdamW", "–"): "aaaaaaa, bbbbbbb+", ("MARS-approx", "0.025"): "unknown",
+                    ("MARS-approx", "0.05"): "–"}
+    assert "Settings with more than one code version" in table
+
+    for run in ("adamw-seed2", "mars-gamma0.025"):
+        lines = (paper_runs / run / "metrics.jsonl").read_text().splitlines()
+        (paper_runs / run / "metrics.jsonl").write_text("".join(f"{line}\n" for line in lines if "launch" not in line))
+    assert "Settings with more than one code version" not in make_table(load_runs([str(paper_runs)]))
 
 
 def test_custom_corpora_get_a_table_each_named_after_their_directory(tmp_path, make_run):

@@ -75,6 +75,7 @@ def test_two_gloo_ranks_train_like_one_process_with_doubled_accumulation(tmp_pat
     tokens = [r["tokens"] for r in one if "tokens" in r]
     assert [r["tokens"] for r in two if "tokens" in r] == tokens and tokens  # the global batch counts every rank
     assert [r["data"] for r in two if "data" in r] == [r["data"] for r in one if "data" in r]  # rank 0 records it
+    assert [(r["launch"]["world_size"], len(r["launch"]["hosts"])) for r in two if "launch" in r] == [(2, 1)]
     for name, tensor in one_ckpt["model"].items():
         torch.testing.assert_close(two_ckpt["model"][name], tensor, rtol=1e-5, atol=1e-6)
     assert len(two_ckpt["rng"]) == 2  # one random state per rank, for an exact resume

@@ -1,0 +1,95 @@
+"""Each launch records the code it ran (commit, uncommitted change, untracked files), and ranks holding different
+code stop before they train."""
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.provenance import (DifferentCodeOnRanks, check_same_code, code_version, describe_launch,
+                                 launch_record, rank_code)
+
+GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "init.defaultBranch=main"]
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run([*GIT, "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def checkout(tmp_path) -> Path:
+    """A git checkout with one commit of two files."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "optimizer.py").write_text("lr = 1e-3\n")
+    (repo / "model.py").write_text("layers = 2\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "first")
+    return repo
+
+
+def test_a_clean_checkout_reports_its_commit_and_no_change(checkout):
+    code = code_version(checkout)
+    assert code == {"commit": git(checkout, "rev-parse", "HEAD").strip(), "diff": b"", "untracked": []}
+
+
+def test_the_saved_patch_applied_on_the_commit_gives_back_the_code_that_ran(checkout, tmp_path):
+    (checkout / "optimizer.py").write_text("lr = 3e-3\n")  # edited, not committed
+    (checkout / "model.py").unlink()
+    (checkout / "notes.txt").write_text("untracked\n")
+    code = code_version(checkout)
+    assert code["untracked"] == ["notes.txt"] and code["diff"]
+    launch = launch_record(tmp_path / "run", 250, code, [rank_code(code)], torch.device("cpu"))
+    assert launch["patch"] == "code/launch_00000250.patch"
+    assert launch["untracked"] == ["notes.txt"] and launch["untracked_count"] == 1
+
+    again = tmp_path / "again"
+    git(tmp_path, "clone", "-q", str(checkout), str(again))
+    git(again, "checkout", "-q", launch["commit"])
+    git(again, "apply", str(tmp_path / "run" / launch["patch"]))
+    assert (again / "optimizer.py").read_text() == "lr = 3e-3\n" and not (again / "model.py").exists()
+
+
+def test_a_clean_launch_writes_no_patch(checkout, tmp_path):
+    code = code_version(checkout)
+    launch = launch_record(tmp_path / "run", 0, code, [rank_code(code)] * 2, torch.device("cpu"))
+    assert launch["patch"] is None and not (tmp_path / "run").exists()
+    assert launch["world_size"] == 2 and len(launch["hosts"]) == 1 and launch["device"] == "cpu"
+    assert describe_launch(launch).startswith(f"code {code['commit'][:12]} | python ")
+
+
+def test_a_copy_that_is_not_the_top_of_a_checkout_reports_no_commit(checkout, tmp_path):
+    # The project installed inside another repository (a virtual environment in a user's project) is not that
+    # repository's code.
+    (checkout / "project").mkdir()
+    assert code_version(checkout / "project")["commit"] is None
+    assert code_version(tmp_path)["commit"] is None  # no checkout at all
+    code = code_version(tmp_path)
+    launch = launch_record(tmp_path / "run", 0, code, [rank_code(code)], torch.device("cpu"))
+    assert describe_launch(launch).startswith("code: commit unknown")
+
+
+def report(commit, diff_sha256=None, host="node0"):
+    return {"host": host, "commit": commit, "diff_sha256": diff_sha256}
+
+
+def test_ranks_on_one_commit_without_changes_or_with_the_same_changes_may_train():
+    check_same_code([report("a" * 40), report("a" * 40, host="node1")])
+    check_same_code([report("a" * 40, "d" * 64), report("a" * 40, "d" * 64, host="node1")])
+    check_same_code([report("a" * 40), report(None, host="node1")])  # a rank that cannot tell is not a mismatch
+
+
+@pytest.mark.parametrize("other", [report("b" * 40, host="node1"), report("a" * 40, "d" * 64, host="node1")])
+def test_ranks_running_different_code_stop_naming_the_ranks_and_hosts(other):
+    expected = r"(?s)different code.*ranks 0 \(node0\), 1 \(node0\)\n.*ranks 2 \(node1\).*same commit"
+    with pytest.raises(DifferentCodeOnRanks, match=expected):
+        check_same_code([report("a" * 40), report("a" * 40), other])
+
+
+def test_this_repository_reports_the_commit_git_sees():
+    repo = Path(__file__).resolve().parents[2]
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip(f"{repo} is not a git checkout")
+    assert code_version()["commit"] == head.stdout.strip()

@@ -1,0 +1,140 @@
+"""What each launch of a run ran: the code (git commit, and any uncommitted change saved beside the run), the
+libraries, the hosts and the command line. A table of runs can then say which code made each figure, and a
+multi-node job whose nodes hold different code stops before it trains."""
+import datetime
+import hashlib
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from training.atomic import atomic_file
+from training.distributed import DistributedContext, all_gather_objects
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PATCH_DIR = "code"  # in the run directory: one patch per launch that ran uncommitted changes
+GIT_TIMEOUT_S = 30
+MAX_UNTRACKED_NAMES = 20  # a launch record lists this many untracked files at most (and counts them all)
+
+
+class DifferentCodeOnRanks(ValueError):
+    """The ranks of one job run different code: their updates would silently disagree."""
+
+
+def git(root: Path, *args: str) -> bytes | None:
+    """``git -C root args``'s output, or None where git or the checkout is missing (or too slow to answer)."""
+    try:
+        result = subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=GIT_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout if result.returncode == 0 else None
+
+
+def code_version(root: Path = PROJECT_ROOT) -> dict:
+    """The commit checked out at ``root``, the uncommitted change to its tracked files (``diff``, a patch in
+    bytes, empty when clean) and the untracked files that git does not ignore (``untracked``: their names only,
+    for they may be anything; new source files are among them until added). ``commit`` is None where ``root`` is
+    not the top of a git checkout that git can read (an installed copy, a tarball, a checkout another user owns).
+
+    Only the checkout whose top is ``root`` counts: a copy installed inside some other repository (a virtual
+    environment in a user's project) must not report that repository's commit.
+    """
+    top = git(root, "rev-parse", "--show-toplevel")
+    commit = git(root, "rev-parse", "HEAD")
+    if top is None or commit is None or Path(os.fsdecode(top.strip())).resolve() != root.resolve():
+        return {"commit": None, "diff": b"", "untracked": []}
+    diff = git(root, "diff", "HEAD", "--binary")
+    untracked = git(root, "ls-files", "--others", "--exclude-standard", "-z")
+    return {"commit": commit.decode().strip(), "diff": diff or b"",
+            "untracked": sorted(os.fsdecode(name) for name in (untracked or b"").split(b"\0") if name)}
+
+
+def library_versions() -> dict:
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    try:
+        versions["triton"] = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    if torch.cuda.is_available():
+        versions["cuda"] = torch.version.cuda
+        versions["cudnn"] = torch.backends.cudnn.version()
+        versions["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    return versions
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def rank_code(code: dict) -> dict:
+    """What each rank reports of its code: the commit and a digest of its uncommitted change."""
+    diff = code["diff"]
+    return {"host": socket.gethostname(), "commit": code["commit"],
+            "diff_sha256": hashlib.sha256(diff).hexdigest() if diff else None}
+
+
+def check_same_code(ranks: list[dict]) -> None:
+    """Raise :class:`DifferentCodeOnRanks` when ranks that know their commit report different code.
+
+    Each rank steps its own optimizer on all-reduced gradients: different code on two nodes would train a model
+    whose copies drift apart, with nothing to show for it but a worse loss.
+    """
+    versions = {}
+    for rank, report in enumerate(ranks):
+        if report["commit"] is not None:
+            versions.setdefault((report["commit"], report["diff_sha256"]), []).append((rank, report["host"]))
+    if len(versions) > 1:
+        lines = [f"commit {commit[:12]}{' with uncommitted changes ' + digest[:12] if digest else ''}: ranks "
+                 + ", ".join(f"{rank} ({host})" for rank, host in members)
+                 for (commit, digest), members in versions.items()]
+        raise DifferentCodeOnRanks("the ranks of this job run different code:\n  " + "\n  ".join(lines)
+                                   + "\ncheck out the same commit, without local changes, on every node")
+
+
+def launch_record(run_dir: Path, step: int, code: dict, ranks: list[dict], device: torch.device) -> dict:
+    """The launch's record for metrics.jsonl; an uncommitted change is saved as ``code/launch_<step>.patch`` in
+    ``run_dir`` (``git apply`` it on the commit to get the code back)."""
+    patch = None
+    if code["diff"]:
+        path = Path(run_dir) / PATCH_DIR / f"launch_{step:08d}.patch"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(path, "wb") as f:
+            f.write(code["diff"])
+        patch = str(path.relative_to(run_dir))
+    return {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": sys.argv[1:], "commit": code["commit"], "patch": patch,
+            "untracked": code["untracked"][:MAX_UNTRACKED_NAMES], "untracked_count": len(code["untracked"]),
+            "versions": library_versions(),
+            "device": device_name(device), "world_size": len(ranks),
+            "hosts": sorted({report["host"] for report in ranks})}
+
+
+def describe_launch(launch: dict) -> str:
+    """One log line: ``code 1dd955f72c9c (uncommitted changes: code/launch_00000000.patch) | python ... | ...``."""
+    if launch["commit"] is None:
+        code = f"code: commit unknown (no git checkout at {PROJECT_ROOT} that git can read)"
+    else:
+        notes = []
+        if launch["patch"]:
+            notes.append(f"uncommitted changes: {launch['patch']}")
+        if launch["untracked_count"]:
+            more = ", ..." if launch["untracked_count"] > len(launch["untracked"]) else ""
+            notes.append(f"{launch['untracked_count']} untracked file(s) not saved: "
+                         f"{', '.join(launch['untracked'])}{more}")
+        code = f"code {launch['commit'][:12]}" + (f" ({'; '.join(notes)})" if notes else "")
+    versions = " | ".join(f"{name} {version}" for name, version in launch["versions"].items())
+    return f"{code} | {versions} | {launch['world_size']} x {launch['device']} on {', '.join(launch['hosts'])}"
+
+
+def code_on_every_rank(ctx: DistributedContext) -> tuple[dict, list[dict]]:
+    """This rank's code and every rank's report of its own; raises :class:`DifferentCodeOnRanks` on every rank
+    alike when they differ."""
+    code = code_version()
+    ranks = all_gather_objects(rank_code(code), ctx)
+    check_same_code(ranks)
+    return code, ranks
