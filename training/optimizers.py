@@ -65,8 +65,9 @@ def optimizer_class_and_arguments(cfg, device: torch.device = torch.device("cpu"
                           amsgrad=cfg.amsgrad, gamma=cfg.gamma, is_approx=cfg.is_approx, mars_type=cfg.mars_type,
                           optimize_1d=cfg.optimize_1d, lr_1d=cfg.lr_1d, betas_1d=tuple(cfg.betas_1d),
                           weight_decay_1d=cfg.weight_decay_1d, backend=cfg.backend,
-                          ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device), ns_form=cfg.ns_form,
-                          ns_cuda_graph=cfg.ns_cuda_graph)
+                          ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device,
+                                                       runs=cfg.mars_type == "mars-shampoo"),
+                          ns_form=cfg.ns_form, ns_cuda_graph=cfg.ns_cuda_graph)
     if cfg.name == "muon":
         from mars import Muon
 
@@ -98,16 +99,19 @@ def optimizer_class_and_arguments(cfg, device: torch.device = torch.device("cpu"
 NEWTON_SCHULZ_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def newton_schulz_dtype(name: str, key: str = "ns_dtype", device: torch.device | None = None) -> torch.dtype:
+def newton_schulz_dtype(name: str, key: str = "ns_dtype", device: torch.device | None = None,
+                        runs: bool = True) -> torch.dtype:
     """The dtype that ``optimizer.<key>`` names: Newton-Schulz's, or that of Muon's updates (same choices).
 
     ``auto`` (Newton-Schulz only) is the authors' bfloat16 on CUDA and float32 elsewhere: CPUs without bfloat16
-    matrix units run bfloat16 products ~10x slower than float32 ones (results/bench_newton_schulz_cpu.md).
+    matrix units run bfloat16 products ~10x slower than float32 ones (results/bench_newton_schulz_cpu.md). The
+    choice is logged when the optimizer ``runs`` Newton-Schulz (MARS-AdamW and MARS-Lion never do).
     """
     if name == "auto" and device is not None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        log.info("Newton-Schulz in %s on %s (optimizer.%s=auto)", str(dtype).removeprefix("torch."), device.type,
-                 key)
+        if runs:
+            log.info("Newton-Schulz in %s on %s (optimizer.%s=auto)", str(dtype).removeprefix("torch."),
+                     device.type, key)
         return dtype
     if name not in NEWTON_SCHULZ_DTYPES:
         choices = sorted(NEWTON_SCHULZ_DTYPES) + (["auto"] if device is not None else [])

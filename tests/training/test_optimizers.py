@@ -100,6 +100,14 @@ def test_newton_schulz_precision_defaults_to_float32_on_cpus_and_bfloat16_on_cud
     assert newton_schulz_dtype("bfloat16", device=torch.device("cpu")) == torch.bfloat16  # an explicit choice stays
 
 
+def test_a_mars_variant_without_newton_schulz_does_not_log_its_precision(caplog):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=["optimizer=mars-lion"])
+    with caplog.at_level("INFO", logger="train"):
+        build_optimizer(cfg.optimizer, tiny_model())
+    assert cfg.optimizer.ns_dtype == "auto" and "Newton-Schulz" not in caplog.text
+
+
 def test_triton_backend_on_a_cpu_run_is_refused_before_training_with_the_fix(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # tests/conftest.py sets it; a user's run does not
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
