@@ -6,6 +6,7 @@ import hashlib
 import importlib.metadata
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from training.distributed import DistributedContext, all_gather_objects
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PATCH_DIR = "code"  # in the run directory: one patch per launch that ran uncommitted changes
+PATCH_NAME = re.compile(r"launch_(\d+)\.patch")  # named after the step the launch started at
 GIT_TIMEOUT_S = 30
 MAX_UNTRACKED_NAMES = 20  # a launch record lists this many untracked files at most (and counts them all)
 
@@ -96,12 +98,25 @@ def check_same_code(ranks: list[dict]) -> None:
                                    + "\ncheck out the same commit, without local changes, on every node")
 
 
+def patch_files(run_dir: Path) -> list[Path]:
+    """The patches that launches into ``run_dir`` saved, each named after the step its launch started at."""
+    return sorted(path for path in (Path(run_dir) / PATCH_DIR).glob("launch_*.patch")
+                  if PATCH_NAME.fullmatch(path.name))
+
+
 def launch_record(run_dir: Path, step: int, code: dict, ranks: list[dict], device: torch.device) -> dict:
     """The launch's record for metrics.jsonl; an uncommitted change is saved as ``code/launch_<step>.patch`` in
-    ``run_dir`` (``git apply`` it on the commit to get the code back)."""
+    ``run_dir`` (``git apply`` it on the commit to get the code back).
+
+    The patches of launches at ``step`` or later go first: a resume from ``step`` drops those launches' records
+    from the log (:meth:`training.metrics.MetricsLogger.discard_after`), and a patch must not outlive its record.
+    """
+    for stale in patch_files(run_dir):
+        if int(PATCH_NAME.fullmatch(stale.name).group(1)) >= step:
+            stale.unlink()
     patch = None
     if code["diff"]:
-        path = Path(run_dir) / PATCH_DIR / f"launch_{step:08d}.patch"
+        path = Path(run_dir) / PATCH_DIR / f"launch_{step:08d}.patch"  # as PATCH_NAME reads it
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_file(path, "wb") as f:
             f.write(code["diff"])

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from training.atomic import TEMPORARY_SUFFIX
 from training.checkpoint import UNREADABLE_SUFFIX, checkpoint_dir, checkpoint_files
 from training.metrics import METRICS_FILE
+from training.provenance import patch_files
 
 log = logging.getLogger("train")
 
@@ -164,13 +165,14 @@ def remove_partial_checkpoints(run_dir: Path) -> None:
 
 def previous_run_files(run_dir: Path) -> list[Path]:
     """The records a run left in ``run_dir``: its checkpoints (those set aside as unreadable too), its non-empty
-    metrics log and the logs set aside at restarts, and its wandb runs. (.hydra/ is rewritten by every run.)"""
+    metrics log and the logs set aside at restarts, the patches of its launches' uncommitted code, and its wandb
+    runs. (.hydra/ is rewritten by every run.)"""
     run_dir, checkpoints = Path(run_dir), checkpoint_dir(run_dir)
     files = checkpoint_files(run_dir) + sorted(checkpoints.glob(f"ckpt_*.pt{UNREADABLE_SUFFIX}"))
     metrics = run_dir / METRICS_FILE
     if metrics.is_file() and metrics.stat().st_size > 0:
         files.append(metrics)
-    files += sorted(run_dir.glob(SET_ASIDE_LOG.format(stamp="*")))
+    files += sorted(run_dir.glob(SET_ASIDE_LOG.format(stamp="*"))) + patch_files(run_dir)
     if (run_dir / WANDB_DIR).exists():
         files.append(run_dir / WANDB_DIR)
     return files

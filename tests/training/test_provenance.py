@@ -59,6 +59,23 @@ def test_a_clean_launch_writes_no_patch(checkout, tmp_path):
     assert describe_launch(launch).startswith(f"code {code['commit'][:12]} | python ")
 
 
+def test_a_launch_removes_the_patches_of_launches_whose_records_a_resume_from_its_step_drops(checkout, tmp_path):
+    run = tmp_path / "run"
+    (run / "code").mkdir(parents=True)
+    for name in ("launch_00000000.patch", "launch_00000250.patch", "launch_00000300.patch", "mine.patch"):
+        (run / "code" / name).write_text("old")
+    (checkout / "optimizer.py").write_text("lr = 3e-3\n")
+    code = code_version(checkout)
+    launch_record(run, 250, code, [rank_code(code)], torch.device("cpu"))  # resumed from step 250
+    assert sorted(path.name for path in (run / "code").iterdir()) == ["launch_00000000.patch",
+                                                                    "launch_00000250.patch", "mine.patch"]
+    assert (run / "code" / "launch_00000250.patch").read_bytes() == code["diff"]
+    git(checkout, "commit", "-qam", "second")
+    clean = code_version(checkout)  # no change to save: the old launch's patch at this step goes all the same
+    launch_record(run, 0, clean, [rank_code(clean)], torch.device("cpu"))
+    assert [path.name for path in (run / "code").iterdir()] == ["mine.patch"]
+
+
 def test_a_copy_that_is_not_the_top_of_a_checkout_reports_no_commit(checkout, tmp_path):
     # The project installed inside another repository (a virtual environment in a user's project) is not that
     # repository's code.

@@ -211,11 +211,13 @@ def test_a_partial_file_left_by_a_killed_save_is_removed_at_start(tmp_path):
 
 def leave_a_previous_run(run_dir):
     """What a run leaves behind: checkpoints (one set aside as unreadable), its log, a log set aside at a
-    restart, its offline wandb runs and its lines in Hydra's train.log."""
+    restart, the patch of a launch's uncommitted code, its offline wandb runs and its lines in Hydra's train.log."""
     save_checkpoint(run_dir, 8, {"step": 8}, keep=2)
     (checkpoint_dir(run_dir) / "ckpt_00000010.pt.unreadable").write_bytes(b"torn")
     (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
     (run_dir / "metrics.before-restart-20260101-120000.jsonl").write_text('{"step": 0}\n')
+    (run_dir / "code").mkdir()
+    (run_dir / "code" / "launch_00000000.patch").write_text("diff --git a/train.py b/train.py\n")
     (run_dir / "wandb" / "offline-run-20260101_120000-abc").mkdir(parents=True)
     (run_dir / "wandb" / "offline-run-20260101_120000-abc" / "run-abc.wandb").write_bytes(b"records")
     (run_dir / "train.log").write_text("[old run] step 8\n")
@@ -231,12 +233,14 @@ def test_overwrite_deletes_every_record_of_the_previous_run_and_keeps_the_users_
     hydra_log.write("[new run] step 0\n")
     hydra_log.close()
     assert list(checkpoint_dir(tmp_path).iterdir()) == []
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoints", "notes.txt", "train.log"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoints", "code", "notes.txt", "train.log"]
+    assert list((tmp_path / "code").iterdir()) == []
     assert (tmp_path / "train.log").read_text() == "[new run] step 0\n"
 
 
 @pytest.mark.parametrize("leftover", ["checkpoints/ckpt_00000010.pt.unreadable",
-                                      "metrics.before-restart-20260101-120000.jsonl", "wandb/debug.log"])
+                                      "metrics.before-restart-20260101-120000.jsonl", "wandb/debug.log",
+                                      "code/launch_00000000.patch"])
 def test_a_fresh_start_is_refused_where_only_set_aside_records_of_a_run_are_left(tmp_path, leftover):
     (tmp_path / leftover).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / leftover).write_text("left by the previous run")
