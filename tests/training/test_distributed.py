@@ -39,6 +39,12 @@ def test_one_read_per_step_gives_every_rank_the_mean_loss_the_norms_and_any_rank
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
 
 
+def test_ranks_holding_different_code_all_stop_before_training():
+    result = run_script("different_code.py")
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    assert result.stdout.count("the ranks of this job run different code") == 2
+
+
 def test_a_single_process_reads_its_own_step_scalars():
     from train import read_step_scalars
     from training.distributed import DistributedContext
