@@ -195,15 +195,15 @@ def train(cfg: DictConfig) -> None:
     t = cfg.train
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     refuse_if_terminated(run_dir)  # a signal stopped an earlier point of this process's sweep
-    with (distributed_session(resolve_device(t.device)) as ctx, run_directory(run_dir, cfg, ctx),
+    with (distributed_session(resolve_device(t.device)) as ctx, run_directory(run_dir, cfg, ctx) as lock,
           PreemptionSignal() as preemption):
-        train_loop(cfg, t, run_dir, ctx, preemption)
+        train_loop(cfg, t, run_dir, ctx, preemption, lock)
 
 
 @contextlib.contextmanager
 def run_directory(run_dir: Path, cfg: DictConfig, ctx: DistributedContext):
     """Rank 0 locks ``run_dir`` for the run's lifetime and checks it; every rank stops alike when the directory
-    cannot be used."""
+    cannot be used. Yields the lock (held by rank 0 only)."""
     lock = RunDirectoryLock(run_dir)
     problem = None
     if ctx.is_main:
@@ -216,12 +216,13 @@ def run_directory(run_dir: Path, cfg: DictConfig, ctx: DistributedContext):
     try:
         if problems:
             raise RunDirectoryError(problems[0])
-        yield
+        yield lock
     finally:
         lock.release()
 
 
-def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preemption: PreemptionSignal) -> None:
+def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preemption: PreemptionSignal,
+               lock: RunDirectoryLock) -> None:
     device = ctx.device
     if not ctx.is_main:
         logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the run
@@ -332,9 +333,12 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
                 diverged = non_finite_state_message(step, non_finite, checkpoint_path)
             else:
                 try:
+                    lock.hold_on()
                     path = save_checkpoint(run_dir, step, state, keep=t.keep_checkpoints)
                 except CheckpointSaveError as err:
                     failure = lost_work_message(err, step, checkpoint_path)
+                except RunDirectoryError as err:
+                    failure = f"the checkpoint of step {step} was not written: {err}"
         # A gather, not a barrier: nobody moves on (or exits) before the checkpoint is on disk, and a failed
         # or refused save stops every rank.
         outcomes = all_gather_objects((failure, diverged), ctx)

@@ -40,8 +40,9 @@ class RunDirectoryLock:
     The kernel drops both when the process dies, however it dies, so a crashed run never blocks its own resume.
     The directory's lock cannot be lifted by deleting a file (a user removing a "stale" run.lock while the run
     lives); run.lock's is the one other hosts see on NFS (where a directory's flock is local to each host), and
-    the file keeps the holder's host and pid for the message a second run gets. Where the file system has no
-    locks (some Lustre mounts), the run goes on with a warning.
+    the file keeps the holder's host and pid for the message a second run gets. A run.lock deleted while the run
+    lives is locked again before each checkpoint (:meth:`hold_on`). Where the file system has no locks (some
+    Lustre mounts), the run goes on with a warning.
     """
 
     def __init__(self, run_dir: Path):
@@ -59,11 +60,40 @@ class RunDirectoryLock:
             self.release()
             raise
         if self.file is not None:
-            self.file.seek(0)
-            self.file.truncate()
-            self.file.write(f"host {socket.gethostname()}, pid {os.getpid()}, since "
-                            f"{datetime.datetime.now().isoformat(timespec='seconds')}\n")
-            self.file.flush()
+            self._write_holder()
+
+    def _write_holder(self) -> None:
+        """Who holds run.lock, for the message a second run gets."""
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(f"host {socket.gethostname()}, pid {os.getpid()}, since "
+                        f"{datetime.datetime.now().isoformat(timespec='seconds')}\n")
+        self.file.flush()
+
+    def hold_on(self) -> None:
+        """Check, before the run writes a checkpoint, that run.lock is still the file this run locked.
+
+        On NFS, deleting run.lock (a user taking it for a stale lock) lifts the only lock other hosts see: a
+        second run could then lock a new run.lock and write here too. A deleted or replaced run.lock is locked
+        again; if another run holds it already, :class:`RunDirectoryError` says so, and this run must stop
+        before it writes anything more.
+        """
+        if self.file is None or self._path_names(self.file):
+            return
+        log.warning("%s was deleted or replaced while this run held it: locking it again", self.path)
+        lost = self.file
+        try:
+            self.file = self._lock_file()
+        except RunDirectoryError:
+            self.file = lost
+            raise RunDirectoryError(
+                f"{self.path} was deleted or replaced while this run held it, and another run "
+                f"({self.holder() or 'unknown'}) has locked {self.run_dir} since: two runs write into it. This run "
+                "stops before it writes there again; see which run's checkpoints and metrics.jsonl lines to keep "
+                "before resuming either") from None
+        lost.close()
+        if self.file is not None:
+            self._write_holder()
 
     def _lock_directory(self) -> int | None:
         """Open and lock the directory; ``None`` where its file system cannot (run.lock's lock then stands alone)."""
@@ -93,36 +123,43 @@ class RunDirectoryLock:
                             "directory%s would not be stopped", self.run_dir, unsupported,
                             " on another host" if self.directory is not None else "")
                 return None
-            try:
-                if os.path.samestat(os.fstat(file.fileno()), os.stat(self.path)):
-                    return file
-            except FileNotFoundError:
-                pass
+            if self._path_names(file):
+                return file
             # run.lock was deleted or replaced between open and flock: the lock is on a file no one else will
             # open, so lock the one the path names now.
             file.close()
         raise RunDirectoryError(f"{self.path} was deleted or replaced {LOCK_ATTEMPTS} times while this run locked "
                                 "it: stop whatever removes it, or give this run its own hydra.run.dir")
 
+    def _path_names(self, file: TextIO) -> bool:
+        """Whether the path run.lock still names the open ``file`` (not deleted, not replaced)."""
+        try:
+            return os.path.samestat(os.fstat(file.fileno()), os.stat(self.path))
+        except FileNotFoundError:
+            return False
+
     def _flock(self, target) -> OSError | None:
         """``flock`` the directory's descriptor or run.lock; returns the error of a file system without locks."""
         try:
             fcntl.flock(target, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            try:
-                holder = self.path.read_text().strip()
-            except FileNotFoundError:  # deleted while its holder runs
-                holder = ""
             raise RunDirectoryError(
-                f"{self.run_dir} is in use by a running training run ({holder or 'another process'}): two runs in "
-                "one directory would mix their logs and checkpoints. Give this run its own hydra.run.dir, or stop "
-                "the other run first"
+                f"{self.run_dir} is in use by a running training run ({self.holder() or 'another process'}): two "
+                "runs in one directory would mix their logs and checkpoints. Give this run its own hydra.run.dir, "
+                "or stop the other run first"
             ) from None
         except OSError as err:
             if err.errno not in LOCKS_UNSUPPORTED:
                 raise
             return err
         return None
+
+    def holder(self) -> str:
+        """The host and pid that run.lock names (empty if it is gone)."""
+        try:
+            return self.path.read_text().strip()
+        except FileNotFoundError:  # deleted while its holder runs
+            return ""
 
     def release(self) -> None:
         # Closing drops the flocks; run.lock stays (unlinking it would race a new holder).

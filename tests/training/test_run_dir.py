@@ -110,6 +110,38 @@ def test_a_run_lock_replaced_while_it_is_being_locked_is_locked_again(tmp_path, 
         other_run[0].close()
 
 
+def nfs_like(monkeypatch):
+    """Directories without flock, as on NFS across hosts: run.lock's lock is the only one another run sees."""
+    monkeypatch.setattr(RunDirectoryLock, "_lock_directory", lambda self: None)
+
+
+def test_a_run_lock_deleted_while_the_run_lives_is_locked_again_before_the_next_checkpoint(tmp_path, monkeypatch):
+    nfs_like(monkeypatch)
+    with RunDirectoryLock(tmp_path) as lock:
+        lock.hold_on()  # nothing happened: nothing to do
+        (tmp_path / "run.lock").unlink()  # taken for a stale lock file
+        lock.hold_on()
+        assert f"pid {os.getpid()}" in (tmp_path / "run.lock").read_text()
+        with pytest.raises(RunDirectoryError, match="in use by a running training run"):
+            RunDirectoryLock(tmp_path).acquire()  # the directory is protected again
+
+
+def test_a_run_whose_deleted_run_lock_another_run_took_stops_before_writing_naming_it(tmp_path, monkeypatch):
+    nfs_like(monkeypatch)
+    with RunDirectoryLock(tmp_path) as lock:
+        (tmp_path / "run.lock").unlink()
+        other_run = RunDirectoryLock(tmp_path)
+        other_run.acquire()  # what the deletion let in
+        try:
+            with pytest.raises(RunDirectoryError, match=f"deleted or replaced .* another run \\(host .*pid "
+                                                        f"{os.getpid()}.*\\) has locked .* two runs write into it"):
+                lock.hold_on()
+            with pytest.raises(RunDirectoryError):  # and it keeps saying so at every checkpoint
+                lock.hold_on()
+        finally:
+            other_run.release()
+
+
 def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(schema, "_claimed_run_dirs", {})
