@@ -63,9 +63,12 @@ def library_versions() -> dict:
     except importlib.metadata.PackageNotFoundError:
         pass
     if torch.cuda.is_available():
-        versions["cuda"] = torch.version.cuda
+        versions["cuda"] = torch.version.cuda or torch.version.hip
         versions["cudnn"] = torch.backends.cudnn.version()
-        versions["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        try:
+            versions["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except (RuntimeError, AttributeError, TypeError):  # a build without NCCL: nothing to record
+            pass
     return versions
 
 
