@@ -8,8 +8,9 @@ from pathlib import Path
 import torch
 
 from model import GPT, GPTConfig
-from training.checkpoint import (CheckpointReadError, CorruptCheckpoint, UnreadableCheckpoints, checkpoint_dir,
-                                 latest_checkpoint, load_checkpoint)
+from training.checkpoint import (CHECKPOINT_NAME, CheckpointReadError, CorruptCheckpoint, UnreadableCheckpoints,
+                                 checkpoint_dir, latest_checkpoint, load_checkpoint)
+from training.metrics import read_metrics
 
 
 def load_model(checkpoint: Path, device: torch.device = torch.device("cpu")) -> tuple[GPT, Path]:
@@ -40,6 +41,20 @@ def load_model(checkpoint: Path, device: torch.device = torch.device("cpu")) -> 
         except OSError as err:
             raise ValueError(f"could not read {checkpoint}: {_one_line(err)}") from None
     return gpt_from_state(state, checkpoint).to(device), checkpoint
+
+
+def checkpoint_source(checkpoint: Path) -> dict:
+    """Where a model came from, for what is made of it (an export): the checkpoint file, its step (from its name;
+    None for a file renamed by hand) and the launches of its run that trained it (train.py's ``launch`` records,
+    each with its git commit and the patch of any uncommitted change: those that started before that step)."""
+    checkpoint = Path(checkpoint).resolve()
+    named = CHECKPOINT_NAME.fullmatch(checkpoint.name)
+    step = int(named.group(1)) if named else None
+    run_dir = checkpoint.parent.parent  # <run>/checkpoints/ckpt_<step>.pt
+    launches = [] if step is None else [
+        {"step": record["step"], **record["launch"]} for record in read_metrics(run_dir)
+        if "launch" in record and record["step"] < step]
+    return {"checkpoint": str(checkpoint), "step": step, "run_dir": str(run_dir), "launches": launches}
 
 
 def gpt_from_state(state, checkpoint: Path) -> GPT:

@@ -42,6 +42,8 @@ token. It encodes every text to tiktoken's ids, with ``<|endoftext|>`` in a text
 (tiktoken's ``encode(text, allowed_special="all")``).
 
 The weights are written as they are stored in the checkpoint (float32), whatever precision the run trained in.
+``training_source.json`` beside them says where they come from: the checkpoint, its step, and the launches of
+the run that trained it (each with its git commit and the patch of any uncommitted change, as train.py logged).
 """
 import argparse
 import json
@@ -54,7 +56,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.utils.logging import disable_progress_bar
 
 from data.tokenizer import GPT2_EOT_TOKEN, GPT2_RANKS_FILE
-from evaluation.checkpoints import load_model
+from evaluation.checkpoints import checkpoint_source, load_model
 from model import GPT, GPTConfig
 
 LAYER_NORM_EPS = 1e-5  # model/gpt.py LayerNorm.forward
@@ -62,6 +64,7 @@ HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}  # GPTConfig
 # Block projections that HF's Conv1D stores as (in, out), the transpose of nn.Linear's (out, in).
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 EOT_TEXT = "<|endoftext|>"
+SOURCE_FILE = "training_source.json"  # which checkpoint, step and code the exported weights come from
 
 
 def hf_config(config: GPTConfig) -> GPT2Config:
@@ -145,8 +148,9 @@ def gpt2_tokenizer(model_max_length: int) -> GPT2Tokenizer:
     return tokenizer
 
 
-def save_hf(model: GPT, out: Path) -> Path:
-    """Write ``model`` and GPT-2's tokenizer to the directory ``out`` (created if needed) in Hugging Face format."""
+def save_hf(model: GPT, out: Path, source: dict | None = None) -> Path:
+    """Write ``model`` and GPT-2's tokenizer to the directory ``out`` (created if needed) in Hugging Face format,
+    and ``source`` (:func:`evaluation.checkpoints.checkpoint_source`) as ``SOURCE_FILE`` beside them."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file: pass a directory (it is created if it does not exist)")
@@ -154,13 +158,15 @@ def save_hf(model: GPT, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     exported.save_pretrained(out)
     gpt2_tokenizer(model.config.block_size).save_pretrained(out)
+    if source is not None:
+        (out / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
     return out
 
 
 def export(checkpoint: Path, out: Path) -> Path:
     """Export a train.py checkpoint file, or a run directory's newest checkpoint, to ``out``; returns ``out``."""
-    model, _ = load_model(checkpoint)
-    return save_hf(model, out)
+    model, checkpoint = load_model(checkpoint)
+    return save_hf(model, out, checkpoint_source(checkpoint))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -176,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     disable_progress_bar()  # the command prints one line: what it wrote, or why it could not
     try:
         model, checkpoint = load_model(args.checkpoint)
-        out = save_hf(model, args.out)
+        out = save_hf(model, args.out, checkpoint_source(checkpoint))
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
     print(json.dumps({"checkpoint": str(checkpoint), "out": str(out)}))

@@ -1,6 +1,7 @@
 """Export to Hugging Face format: the exported GPT2LMHeadModel computes our logits, the tokenizer tiktoken's ids."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from evaluation.export_hf import (HF_ACTIVATIONS, LAYER_NORM_EPS, export, gpt2_m
 from model import GPT, GPTConfig
 from model.gpt import ACTIVATIONS
 from training.checkpoint import load_checkpoint
+from training.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 # Every option the export maps, on 2 layers (so that scale_attn_by_inverse_layer_idx divides by 1 and by 2).
@@ -163,6 +165,10 @@ def test_cli_exports_a_run_directorys_newest_checkpoint(exported_run):
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["GPT2LMHeadModel"]
     assert config["scale_attn_by_inverse_layer_idx"] and config["activation_function"] == "gelu_pytorch_tanh"
+    source = json.loads((out / "training_source.json").read_text())
+    [launch] = [r for r in read_metrics(run_dir) if "launch" in r]  # the run's one launch trained it
+    assert source == {"checkpoint": str(run_dir.resolve() / "checkpoints" / "ckpt_00000004.pt"), "step": 4,
+                      "run_dir": str(run_dir.resolve()), "launches": [{"step": 0, **launch["launch"]}]}
 
 
 @pytest.mark.slow
@@ -190,6 +196,11 @@ def test_export_takes_a_checkpoint_file_too(exported_run, tmp_path):
     assert export(Path(printed["checkpoint"]), tmp_path / "hf") == tmp_path / "hf"
     from_file = (tmp_path / "hf" / "model.safetensors").read_bytes()
     assert from_file == (out / "model.safetensors").read_bytes()
+    assert (tmp_path / "hf" / "training_source.json").read_text() == (out / "training_source.json").read_text()
+    renamed = tmp_path / "best.pt"  # a copy kept by hand: no step in its name, so no launches either
+    shutil.copyfile(printed["checkpoint"], renamed)
+    source = json.loads((export(renamed, tmp_path / "hf-best") / "training_source.json").read_text())
+    assert (source["step"], source["launches"]) == (None, [])
 
 
 @pytest.mark.slow
