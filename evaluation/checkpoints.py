@@ -9,7 +9,7 @@ import torch
 
 from model import GPT, GPTConfig
 from training.checkpoint import (CHECKPOINT_NAME, CheckpointReadError, CorruptCheckpoint, UnreadableCheckpoints,
-                                 checkpoint_dir, latest_checkpoint, load_checkpoint)
+                                 checkpoint_dir, checkpoint_step, latest_checkpoint, load_checkpoint)
 from training.metrics import read_metrics
 
 
@@ -48,8 +48,7 @@ def checkpoint_source(checkpoint: Path) -> dict:
     None for a file renamed by hand) and the launches of its run that trained it (train.py's ``launch`` records,
     each with its git commit and the patch of any uncommitted change: those that started before that step)."""
     checkpoint = Path(checkpoint).resolve()
-    named = CHECKPOINT_NAME.fullmatch(checkpoint.name)
-    step = int(named.group(1)) if named else None
+    step = checkpoint_step(checkpoint) if CHECKPOINT_NAME.fullmatch(checkpoint.name) else None
     run_dir = checkpoint.parent.parent  # <run>/checkpoints/ckpt_<step>.pt
     launches = [] if step is None else [
         {"step": record["step"], **record["launch"]} for record in read_metrics(run_dir)

@@ -23,7 +23,6 @@ import importlib
 import importlib.util
 import io
 import os
-import subprocess
 import sys
 import types
 import warnings
@@ -41,6 +40,7 @@ from configs.schema import LrSchedule
 from model import GPT, GPTConfig
 from scripts.bench_report import run_record, write_report
 from training.optimizers import build_optimizer
+from training.provenance import checkout_commit
 from training.schedule import apply_schedule, learning_rate
 
 # The files imported from --authors-dir, relative to their checkout.
@@ -123,20 +123,6 @@ def load_authors_code(authors_dir: Path) -> AuthorsCode:
         moonlight=load_module("authors_moonlight", authors_dir / "MARS_M" / "optimizers" / "moonlight.py"))
     authors.muon.torch = CpuTorch("torch")
     return authors
-
-
-def authors_commit(authors_dir: Path) -> str | None:
-    """The commit their checkout is at, or None where it is not the top of a git work tree (a folder inside another
-    repository would give that repository's commit)."""
-    try:
-        result = subprocess.run(["git", "-C", str(authors_dir), "rev-parse", "--show-toplevel", "HEAD"],
-                                capture_output=True, text=True, check=False)
-    except OSError:
-        return None
-    lines = result.stdout.split()
-    if result.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != authors_dir.resolve():
-        return None
-    return lines[1]
 
 
 # ------------------------------------------------------------------------------------ one optimizer, stepped
@@ -474,7 +460,7 @@ def main(argv: list[str] | None = None) -> None:
         per_step = {variant.name: run_variant(variant, authors, args.steps) for variant in variants}
         model = compare_models(authors)
     summaries = {name: summarise(rows) for name, rows in per_step.items()}
-    commit = authors_commit(args.authors_dir)
+    commit = checkout_commit(args.authors_dir)
     record = run_record("check_against_authors", argv, torch.device("cpu"), steps=args.steps,
                         authors_dir=str(args.authors_dir), authors_commit=commit, torch_compile="disabled",
                         ns_dtype="bfloat16", model=model, summaries=summaries,

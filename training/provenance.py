@@ -37,22 +37,29 @@ def git(root: Path, *args: str) -> bytes | None:
     return result.stdout if result.returncode == 0 else None
 
 
-def code_version(root: Path = PROJECT_ROOT) -> dict:
-    """The commit checked out at ``root``, the uncommitted change to its tracked files (``diff``, a patch in
-    bytes, empty when clean) and the untracked files that git does not ignore (``untracked``: their names only,
-    for they may be anything; new source files are among them until added). ``commit`` is None where ``root`` is
-    not the top of a git checkout that git can read (an installed copy, a tarball, a checkout another user owns).
-
-    Only the checkout whose top is ``root`` counts: a copy installed inside some other repository (a virtual
-    environment in a user's project) must not report that repository's commit.
-    """
+def checkout_commit(root: Path) -> str | None:
+    """The commit checked out at ``root``; None where ``root`` is not the top of a git checkout that git can read
+    (an installed copy, a tarball, a checkout another user owns, a folder inside some other repository, which
+    would give that repository's commit)."""
     top = git(root, "rev-parse", "--show-toplevel")
     commit = git(root, "rev-parse", "HEAD")
-    if top is None or commit is None or Path(os.fsdecode(top.strip())).resolve() != root.resolve():
+    if top is None or commit is None or Path(os.fsdecode(top.strip())).resolve() != Path(root).resolve():
+        return None
+    return commit.decode().strip()
+
+
+def code_version(root: Path = PROJECT_ROOT) -> dict:
+    """The commit checked out at ``root`` (:func:`checkout_commit`), the uncommitted change to its tracked files
+    (``diff``, a patch in bytes, empty when clean) and the untracked files that git does not ignore
+    (``untracked``: their names only, for they may be anything; new source files are among them until added).
+    A copy of the project installed inside a user's own repository reports no commit rather than theirs.
+    """
+    commit = checkout_commit(root)
+    if commit is None:
         return {"commit": None, "diff": b"", "untracked": []}
     diff = git(root, "diff", "HEAD", "--binary")
     untracked = git(root, "ls-files", "--others", "--exclude-standard", "-z")
-    return {"commit": commit.decode().strip(), "diff": diff or b"",
+    return {"commit": commit, "diff": diff or b"",
             "untracked": sorted(os.fsdecode(name) for name in (untracked or b"").split(b"\0") if name)}
 
 

@@ -59,17 +59,6 @@ def test_a_checkout_missing_one_file_is_refused_naming_that_file(tmp_path):
         check.check_authors_dir(tmp_path / "absent")
 
 
-def test_the_authors_commit_is_read_from_the_top_of_a_work_tree_only(tmp_path):
-    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-C", str(tmp_path)]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "checkout"], check=True)
-    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
-    (tmp_path / "inside").mkdir()
-    assert check.authors_commit(tmp_path) == head
-    assert check.authors_commit(tmp_path / "inside") is None
-    assert check.authors_commit(tmp_path / "absent") is None
-
-
 @pytest.mark.parametrize("name", VARIANTS)
 def test_each_of_our_variants_against_itself_is_bitwise_at_every_step(name):
     rows = check.compare_sides(*our_sides(VARIANTS[name]), STEPS)

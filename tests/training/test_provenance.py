@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.provenance import (DifferentCodeOnRanks, check_same_code, code_version, describe_launch,
-                                 launch_record, rank_code)
+from training.provenance import (DifferentCodeOnRanks, check_same_code, checkout_commit, code_version,
+                                 describe_launch, launch_record, rank_code)
 
 GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "init.defaultBranch=main"]
 
@@ -74,6 +74,18 @@ def test_a_launch_removes_the_patches_of_launches_whose_records_a_resume_from_it
     clean = code_version(checkout)  # no change to save: the old launch's patch at this step goes all the same
     launch_record(run, 0, clean, [rank_code(clean)], torch.device("cpu"))
     assert [path.name for path in (run / "code").iterdir()] == ["mine.patch"]
+
+
+def test_the_commit_is_read_from_the_top_of_a_work_tree_only(tmp_path):
+    # Also how scripts/check_against_authors names the authors' commit.
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-C", str(tmp_path)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "checkout"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    (tmp_path / "inside").mkdir()
+    assert checkout_commit(tmp_path) == head
+    assert checkout_commit(tmp_path / "inside") is None
+    assert checkout_commit(tmp_path / "absent") is None
 
 
 def test_a_copy_that_is_not_the_top_of_a_checkout_reports_no_commit(checkout, tmp_path):
