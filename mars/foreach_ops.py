@@ -5,6 +5,8 @@ from collections import defaultdict
 import torch
 from torch import Tensor
 
+from mars import reference
+
 
 def by_value(values: list[float]) -> dict[float, list[int]]:
     """The indices of each distinct value: one foreach call per value where a scalar differs between tensors."""
@@ -17,6 +19,12 @@ def by_value(values: list[float]) -> dict[float, list[int]]:
 def cast_like(tensors: list[Tensor], like: list[Tensor]) -> list[Tensor]:
     """Each tensor in the dtype of its partner in ``like``; those already in it are returned as they are."""
     return [tensor.to(partner.dtype) for tensor, partner in zip(tensors, like)]
+
+
+def working_copies(params: list[Tensor]) -> list[Tensor]:
+    """Each parameter in :func:`mars.reference.working_dtype` (float32, or float64 for float64 ones): a float32
+    parameter is its own working copy, not copied."""
+    return [param.to(reference.working_dtype(param)) for param in params]
 
 
 def clip_to_unit_norm(tensors: list[Tensor]) -> None:

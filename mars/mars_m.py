@@ -19,6 +19,7 @@ from mars.newton_schulz import check_ns_form, orthogonalise
 from mars.optimizer import (
     MARS,
     advance_steps,
+    as_float,
     check_betas,
     check_flags,
     check_ns_dtype,
@@ -64,6 +65,7 @@ class _ShapeScaledOrthogonal(CudaGraphedNewtonSchulz, Float32StateOptimizer):
 
     process_group = WeakProcessGroup()
     ADDED_OPTIONS = ("ns_form",)
+    OPTIMIZER_OPTIONS = ("process_group", "foreach", "ns_cuda_graph")
 
     def __init__(self, params, defaults: dict[str, Any], process_group: dist.ProcessGroup | None,
                  foreach: bool | None, ns_cuda_graph: bool):
@@ -141,14 +143,15 @@ class _ShapeScaledOrthogonal(CudaGraphedNewtonSchulz, Float32StateOptimizer):
         rules = self._rules()
         directions = self._directions(params, [self.state[param] for param in params], group, rules)
         ns_dtype = group["ns_dtype"]
-        # bfloat16 Newton-Schulz results are exact in bfloat16: under DDP that halves the bytes all-reduced.
-        out_dtype = torch.bfloat16 if ns_dtype == torch.bfloat16 else torch.float32
         # The authors' Newton-Schulz: the ns_dtype copy normalised by its own norm with a fixed eps, the polynomial
-        # in the Gram matrix formed first (mars_m.py:19-30), in the product order ns_form ("gram": theirs).
+        # in the Gram matrix formed first (mars_m.py:19-30), in the product order ns_form ("gram": theirs). The
+        # results stay in ns_dtype, where they are exact: bfloat16 halves the bytes all-reduced under DDP, and
+        # float64 ones reach float64 parameters unrounded.
         updates = orthogonalise(directions, group["ns_steps"], ns_dtype, self.process_group,
-                                eps=reference.MARS_M_NEWTON_SCHULZ_EPS, norm_in_dtype=True, out_dtype=out_dtype,
+                                eps=reference.MARS_M_NEWTON_SCHULZ_EPS, norm_in_dtype=True, out_dtype=ns_dtype,
                                 form=group["ns_form"], graph=graph)
-        rules.apply_shape_scaled_updates(params, updates, lr=group["lr"], weight_decay=group["weight_decay"])
+        rules.apply_shape_scaled_updates(params, updates, lr=as_float(group["lr"]),
+                                         weight_decay=group["weight_decay"])
 
     def _adamw_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
         """The authors' AdamW step of the tensors that take no matrix rule."""
@@ -156,8 +159,8 @@ class _ShapeScaledOrthogonal(CudaGraphedNewtonSchulz, Float32StateOptimizer):
         beta1, beta2 = group["adamw_betas"]
         self._rules().mars_m_adamw_steps(
             params, [param.grad for param in params], state_buffers(params, states, "exp_avg"),
-            state_buffers(params, states, "exp_avg_sq"), steps=advance_steps(states), lr=group["lr"], beta1=beta1,
-            beta2=beta2, eps=group["adamw_eps"], weight_decay=group["weight_decay"])
+            state_buffers(params, states, "exp_avg_sq"), steps=advance_steps(states), lr=as_float(group["lr"]),
+            beta1=beta1, beta2=beta2, eps=group["adamw_eps"], weight_decay=group["weight_decay"])
 
     def __getstate__(self) -> dict[str, Any]:
         # Optimizer.__getstate__ keeps only defaults, state and groups; the path must survive a copy or pickle.
@@ -189,7 +192,9 @@ class MarsM(_ShapeScaledOrthogonal):
     Every other tensor (not 2-D, or in a group with ``matrix_rule=False``: the authors' embeddings and lm_head,
     ``train_mars_m.py:212-219``) takes their AdamW (:func:`mars.reference.mars_m_adamw_step`) with the group's
     ``lr`` and ``weight_decay`` and ``adamw_betas``/``adamw_eps``, as their code does (``mars_m.py:222-250``).
-    A group's own ``lr``/``weight_decay`` set those of its tensors, whichever rule they take.
+    A group's own ``lr``/``weight_decay`` set those of its tensors, whichever rule they take; a group may set any
+    hyperparameter of its own, and is refused (ValueError) one that holds for the whole optimizer: ``is_approx``,
+    ``process_group``, ``foreach``, ``ns_cuda_graph``. ``lr`` may be a 0-dim tensor, read as a float once per step.
 
     The remembered gradient :math:`\tilde g_{t-1}` depends on the scheme, as in :class:`mars.MARS`:
 
@@ -207,8 +212,9 @@ class MarsM(_ShapeScaledOrthogonal):
 
     The authors' ``clip_c`` flag is never read (``mars_m.py:198-200`` clip unconditionally), so their runs all
     clipped: ``clip_c=True`` is that default, ``clip_c=False`` the unclipped rule the flag describes. State
-    (float32 whatever the parameter dtype): ``momentum_buffer`` and ``last_grad`` per matrix (plus
-    ``previous_grad``, the stash, in the exact scheme); ``step``, ``exp_avg``, ``exp_avg_sq`` per AdamW tensor.
+    (float32 for bfloat16/float16/float32 parameters, float64 for float64 ones): ``momentum_buffer`` and
+    ``last_grad`` per matrix (plus ``previous_grad``, the stash, in the exact scheme); ``step``, ``exp_avg``,
+    ``exp_avg_sq`` per AdamW tensor.
 
     Args:
         params: parameters or parameter groups; a group may set ``matrix_rule=False`` to send its 2-D tensors to
@@ -236,6 +242,8 @@ class MarsM(_ShapeScaledOrthogonal):
             bfloat16 rounding error).
         ns_cuda_graph: run each group's Newton-Schulz as one CUDA graph (CUDA only), as :class:`mars.Muon`'s.
     """
+
+    OPTIMIZER_OPTIONS = (*_ShapeScaledOrthogonal.OPTIMIZER_OPTIONS, "is_approx")
 
     def __init__(
         self,

@@ -12,6 +12,7 @@ from mars.cuda_graph import CapturedLists, CudaGraphedNewtonSchulz
 from mars.newton_schulz import check_ns_form, orthogonalise
 from mars.optimizer import (
     advance_steps,
+    as_float,
     check_betas,
     check_flags,
     check_ns_dtype,
@@ -19,7 +20,9 @@ from mars.optimizer import (
     check_real_params,
     each_tensor,
     Float32StateOptimizer,
+    set_group_lr_ratio,
     state_buffers,
+    take_group_lr_ratio,
     WeakProcessGroup,
 )
 
@@ -43,8 +46,14 @@ class Muon(CudaGraphedNewtonSchulz, Float32StateOptimizer):
     round is to ``update_dtype``. Other tensors take AdamW with ``adamw_betas``, ``adamw_eps``,
     ``adamw_weight_decay`` and learning rate :math:`\eta_t \cdot` ``adamw_lr / lr``, so one schedule on
     ``group['lr']`` drives both (the trainer instead updates ``adamw_lr_ratio`` every step so that both parts decay
-    to the same min_lr, as the authors' trainer does: ``training.schedule.apply_schedule``). State is float32
-    whatever the parameter dtype.
+    to the same min_lr, as the authors' trainer does: ``training.schedule.apply_schedule``). State is float32 for
+    bfloat16/float16/float32 parameters, float64 for float64 ones (whose updates are computed in float64; the
+    orthogonalised update is still rounded to ``update_dtype``).
+
+    A param group may set any hyperparameter of its own, ``adamw_lr`` too (kept as the group's ``adamw_lr / lr``;
+    a group that sets ``lr`` without ``adamw_lr`` scales its AdamW lr alike); ``process_group``, ``ns_cuda_graph``
+    and ``foreach`` hold for the whole optimizer and are refused in a group. ``lr`` may be a 0-dim tensor, read as
+    a float once per step.
 
     Two options default to the authors' (``MARS/train_muon.py:209-217`` combines their ``optimizers/adamw.py``
     and ``optimizers/muon.py``); ``adamw_variant="torch"`` and ``update_dtype=torch.float32`` give torch's AdamW
@@ -78,6 +87,7 @@ class Muon(CudaGraphedNewtonSchulz, Float32StateOptimizer):
 
     process_group = WeakProcessGroup()
     ADDED_OPTIONS = ("adamw_variant", "update_dtype", "ns_form")
+    OPTIMIZER_OPTIONS = ("process_group", "ns_cuda_graph", "foreach")
 
     def __init__(
         self,
@@ -107,7 +117,7 @@ class Muon(CudaGraphedNewtonSchulz, Float32StateOptimizer):
             check_flags(foreach=foreach)
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, weight_decay=weight_decay,
-            adamw_lr_ratio=adamw_lr / lr, adamw_betas=adamw_betas, adamw_eps=adamw_eps,
+            adamw_lr_ratio=adamw_lr / as_float(lr), adamw_betas=adamw_betas, adamw_eps=adamw_eps,
             adamw_weight_decay=adamw_weight_decay, ns_dtype=ns_dtype, adamw_variant=adamw_variant,
             update_dtype=update_dtype, ns_form=ns_form,
         )
@@ -120,8 +130,10 @@ class Muon(CudaGraphedNewtonSchulz, Float32StateOptimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group after checking its hyperparameters (defaults filled in) and its parameters."""
+        adamw_lr = take_group_lr_ratio(param_group, "adamw_lr", "adamw_lr_ratio")
         super().add_param_group(param_group)
         group = self.param_groups[-1]
+        set_group_lr_ratio(group, "adamw_lr", "adamw_lr_ratio", adamw_lr)
         check_real_params(group["params"], "Muon")
         check_non_negative(
             lr=group["lr"], weight_decay=group["weight_decay"], adamw_eps=group["adamw_eps"],
@@ -181,14 +193,14 @@ class Muon(CudaGraphedNewtonSchulz, Float32StateOptimizer):
         orthogonalised = orthogonalise(directions, group["ns_steps"], group["ns_dtype"], self.process_group,
                                        norm_in_dtype=update_dtype == torch.bfloat16, out_dtype=update_dtype,
                                        form=group["ns_form"], graph=graph)
-        rules.apply_muon_updates(params, orthogonalised, lr=group["lr"], weight_decay=group["weight_decay"])
+        rules.apply_muon_updates(params, orthogonalised, lr=as_float(group["lr"]), weight_decay=group["weight_decay"])
 
     def _adamw_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
         """AdamW step (the authors' or torch's) of a group's tensors that are not 2-D."""
         states = [self.state[param] for param in params]
         exp_avgs, exp_avg_sqs = state_buffers(params, states, "exp_avg"), state_buffers(params, states, "exp_avg_sq")
         beta1, beta2 = group["adamw_betas"]
-        hyper = dict(steps=advance_steps(states), lr=group["lr"] * group["adamw_lr_ratio"], beta1=beta1,
+        hyper = dict(steps=advance_steps(states), lr=as_float(group["lr"]) * group["adamw_lr_ratio"], beta1=beta1,
                      beta2=beta2, eps=group["adamw_eps"], weight_decay=group["adamw_weight_decay"])
         grads = [param.grad for param in params]
         if group["adamw_variant"] == "authors":
@@ -199,11 +211,12 @@ class Muon(CudaGraphedNewtonSchulz, Float32StateOptimizer):
 
 def apply_muon_update(param: Tensor, update: Tensor, *, lr: float, weight_decay: float) -> None:
     """The authors' update of one matrix (``muon.py:87,104-116``): the orthogonalised ``update`` scaled in place, in
-    its own dtype, by sqrt(max(1, rows / cols)); then p <- p (1 - lr * weight_decay) - lr * update in float32."""
+    its own dtype, by sqrt(max(1, rows / cols)); then p <- p (1 - lr * weight_decay) - lr * update in float32 (float64
+    for a float64 p)."""
     shape_scale = max(1.0, param.size(0) / param.size(1)) ** 0.5
-    param32 = param.float()
-    param32.mul_(1.0 - lr * weight_decay).add_(update.mul_(shape_scale).float(), alpha=-lr)
-    param.copy_(param32)
+    work = param.to(reference.working_dtype(param))
+    work.mul_(1.0 - lr * weight_decay).add_(update.mul_(shape_scale).to(work.dtype), alpha=-lr)
+    param.copy_(work)
 
 
 def _authors_adamw_steps(params, grads, exp_avgs, exp_avg_sqs, *, steps: list[int], **hyper) -> None:

@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from mars.foreach_ops import by_value, scale_in_place, shape_scales, write_back
+from mars.foreach_ops import by_value, cast_like, scale_in_place, shape_scales, working_copies, write_back
 from mars.mars_m_foreach import moonlight_directions
 
 # Muon's matrix to orthogonalise is Moonlight's (mars.reference.moonlight_direction): b <- mu b + g,
@@ -26,11 +26,11 @@ muon_directions = moonlight_directions
 @torch.no_grad()
 def apply_muon_updates(params: list[Tensor], updates: list[Tensor], *, lr: float, weight_decay: float) -> None:
     """``mars.muon.apply_muon_update`` of every matrix: each update scaled in place, in its own dtype, by
-    sqrt(max(1, rows / cols)), then p <- p (1 - lr * weight_decay) - lr * update on a float32 copy."""
+    sqrt(max(1, rows / cols)), then p <- p (1 - lr * weight_decay) - lr * update on a float32 (float64) copy."""
     scale_in_place(updates, shape_scales(params))
-    works = [param.float() for param in params]
+    works = working_copies(params)
     torch._foreach_mul_(works, 1.0 - lr * weight_decay)
-    torch._foreach_add_(works, [update.float() for update in updates], alpha=-lr)
+    torch._foreach_add_(works, cast_like(updates, works), alpha=-lr)
     write_back(params, works)
 
 
@@ -39,14 +39,14 @@ def authors_adamw_steps(params: list[Tensor], grads: list[Tensor], exp_avgs: lis
                         exp_avg_sqs: list[Tensor], *, steps: list[int], lr: float, beta1: float, beta2: float,
                         eps: float, weight_decay: float) -> None:
     """:func:`mars.reference.authors_adamw_step` of every tensor, each at its own ``steps[i]``."""
-    grads = [grad.float() for grad in grads]
+    grads = cast_like(grads, exp_avgs)
     torch._foreach_mul_(exp_avgs, beta1)
     torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
     torch._foreach_mul_(exp_avg_sqs, beta2)
     torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
     denominators = torch._foreach_sqrt(exp_avg_sqs)
     torch._foreach_add_(denominators, eps)
-    works = [param.float() for param in params]
+    works = working_copies(params)
     deltas = torch._foreach_mul(works, weight_decay)
     torch._foreach_addcdiv_(deltas, exp_avgs, denominators)
     step_sizes = [lr * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step) for step in steps]

@@ -3,6 +3,7 @@
 The update rules live in :mod:`mars.reference`; the backends (:mod:`mars.torch_backend`,
 :mod:`mars.triton_backend`) compute the same rules over whole lists of tensors and are tested against it.
 """
+import functools
 import importlib
 import inspect
 import importlib.util
@@ -72,15 +73,63 @@ def check_real_params(params: Iterable[Tensor], optimizer_name: str) -> None:
         )
 
 
-def float32_zeros_like(param: Tensor) -> Tensor:
-    """A contiguous float32 state buffer shaped like ``param``, whatever the parameter's dtype."""
-    return torch.zeros_like(param, dtype=torch.float32, memory_format=torch.contiguous_format)
+def state_zeros_like(param: Tensor) -> Tensor:
+    """A contiguous zero state buffer shaped like ``param``: float32 for bfloat16/float16/float32 parameters,
+    float64 for float64 ones (:func:`mars.reference.working_dtype`)."""
+    return torch.zeros_like(param, dtype=reference.working_dtype(param), memory_format=torch.contiguous_format)
+
+
+def as_float(value: float | Tensor) -> float:
+    """A hyperparameter as a Python float: a tensor lr (``lr=torch.tensor(1e-3)``, as torch.optim takes) is read
+    once per step, since the backends do their step-size arithmetic on the host. A CPU tensor is read without any
+    device sync; a CUDA one costs one sync per group and step."""
+    return value.item() if torch.is_tensor(value) else value
 
 
 def check_ns_dtype(ns_dtype: torch.dtype) -> None:
     """Newton-Schulz runs in bfloat16 (the authors'), float32 or float64."""
     if ns_dtype not in (torch.bfloat16, torch.float32, torch.float64):
         raise ValueError(f"ns_dtype must be torch.bfloat16, torch.float32 or torch.float64, got {ns_dtype!r}")
+
+
+def refuse_optimizer_options(param_group: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+    """Raise a ValueError naming the first key of ``param_group`` that is an option of the whole optimizer
+    (``OPTIMIZER_OPTIONS``), which a group cannot change: silently ignoring it would step with another value."""
+    for key in type(optimizer).OPTIMIZER_OPTIONS:
+        if key in param_group:
+            raise ValueError(f"{key} is an option of the whole {type(optimizer).__name__}, not of a param group: "
+                             f"pass it to the constructor, or use one optimizer per value")
+
+
+def take_group_lr_ratio(param_group: dict[str, Any], lr_key: str, ratio_key: str) -> float | None:
+    """Remove ``lr_key`` (MARS's ``lr_1d``, Muon's ``adamw_lr``) from a param group, returning it, before torch
+    stores the group; the group keeps it as ``ratio_key`` = ``lr_key`` / lr (:func:`set_group_lr_ratio`)."""
+    if lr_key in param_group and ratio_key in param_group:
+        raise ValueError(f"a param group gives both {lr_key} and {ratio_key} (= {lr_key} / lr): give one of them")
+    return param_group.pop(lr_key, None)
+
+
+def set_group_lr_ratio(group: dict[str, Any], lr_key: str, ratio_key: str, value: float | None) -> None:
+    """Store a group's own ``lr_key`` as the ratio to its lr, as the constructor stores its own."""
+    if value is None:
+        return
+    check_non_negative(**{lr_key: value})
+    lr = as_float(group["lr"])
+    if not lr > 0.0:
+        raise ValueError(f"a param group with its own {lr_key} needs lr > 0 ({lr_key} is kept as the ratio "
+                         f"{lr_key} / lr), got lr={lr!r}")
+    group[ratio_key] = value / lr
+
+
+def constructor_default(cls: type, key: str) -> Any:
+    """The default of the constructor argument ``key`` of ``cls``, from the nearest class in its MRO whose
+    ``__init__`` takes it (a subclass's own ``__init__`` need not repeat every option)."""
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass):
+            parameters = inspect.signature(klass.__init__).parameters
+            if key in parameters:
+                return parameters[key].default
+    raise KeyError(f"no constructor of {cls.__name__} takes {key!r}")
 
 
 def fill_new_defaults(optimizer: torch.optim.Optimizer) -> None:
@@ -90,41 +139,52 @@ def fill_new_defaults(optimizer: torch.optim.Optimizer) -> None:
             group.setdefault(key, value)
 
 
-def restore_float32_state(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+def restore_state_dtype(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
     """Undo ``Optimizer.load_state_dict``'s cast of floating state to the parameter dtype.
 
     torch assumes state has the parameter's dtype; these optimizers keep float32 state for bfloat16/float16
-    parameters, and a cast to bfloat16 and back would silently change the next step.
+    parameters (:func:`state_zeros_like`), and a cast to bfloat16 and back would silently change the next step.
     """
     saved_ids = chain.from_iterable(group["params"] for group in state_dict["param_groups"])
     params = chain.from_iterable(group["params"] for group in optimizer.param_groups)
     for saved_id, param in zip(saved_ids, params):
-        if param.dtype == torch.float32:
+        state_dtype = reference.working_dtype(param)
+        if param.dtype == state_dtype:
             continue
         for key, value in state_dict["state"].get(saved_id, {}).items():
             if torch.is_tensor(value) and value.is_floating_point():
-                optimizer.state[param][key] = value.to(device=param.device, dtype=torch.float32, copy=True)
+                optimizer.state[param][key] = value.to(device=param.device, dtype=state_dtype, copy=True)
 
 
 class Float32StateOptimizer(torch.optim.Optimizer):
-    """An optimizer whose state stays float32 whatever the parameters' dtype, through ``load_state_dict`` and
-    pickling, and whose param groups from older state dicts and pickles get the hyperparameters added since."""
+    """An optimizer whose state is float32 for bfloat16/float16/float32 parameters (float64 for float64 ones)
+    through ``load_state_dict`` and pickling, whose param groups from older state dicts and pickles get the
+    hyperparameters added since, and whose param groups refuse the options of the whole optimizer."""
 
     # Constructor options added after the first optimizers were saved: a pickle from before lacks them even in
     # its ``defaults``, which then get the constructor's default.
     ADDED_OPTIONS: tuple[str, ...] = ()
+    # Constructor arguments that hold for the whole optimizer, refused in a param group.
+    OPTIMIZER_OPTIONS: tuple[str, ...] = ()
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        refuse_optimizer_options(param_group, self)
+        super().add_param_group(param_group)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load as ``torch.optim.Optimizer`` does, keeping float32 state for low-precision parameters."""
         super().load_state_dict(state_dict)
-        restore_float32_state(self, state_dict)
+        restore_state_dtype(self, state_dict)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "defaults" in state:  # a pickle; load_state_dict's groups get them from the constructed defaults
-            constructor = inspect.signature(type(self).__init__).parameters
             for key in self.ADDED_OPTIONS:
-                state["defaults"].setdefault(key, constructor[key].default)
+                if key not in state["defaults"]:
+                    state["defaults"][key] = constructor_default(type(self), key)
         super().__setstate__(state)
+        # torch's __setstate__ adds its own ``differentiable`` to the defaults, which these optimizers do not
+        # take: left there, it would join every group and a loaded state dict would come back with a new key.
+        self.defaults.pop("differentiable", None)
         fill_new_defaults(self)
 
 
@@ -234,13 +294,19 @@ class MARS(CudaGraphedNewtonSchulz, Float32StateOptimizer):
       ``update_last_grad()`` work too; ``step()`` already promotes the stash, so a later
       ``update_last_grad()`` changes nothing.
 
-    State (float32 whatever the parameter dtype): ``step`` (int, per tensor), ``exp_avg``, ``exp_avg_sq``
-    (when the rule needs it), ``max_exp_avg_sq`` (amsgrad), ``last_grad`` and, in the exact scheme,
-    ``previous_grad`` (the stash).
+    State (float32 for bfloat16/float16/float32 parameters, float64 for float64 ones, whose updates are computed
+    in float64): ``step`` (int, per tensor), ``exp_avg``, ``exp_avg_sq`` (when the rule needs it),
+    ``max_exp_avg_sq`` (amsgrad), ``last_grad`` and, in the exact scheme, ``previous_grad`` (the stash).
+
+    A param group may set any hyperparameter of its own, ``lr_1d`` too (kept as the group's
+    ``lr_1d / lr``; a group that sets ``lr`` without ``lr_1d`` scales its 1-D lr alike). ``is_approx``,
+    ``backend``, ``process_group`` and ``ns_cuda_graph`` hold for the whole optimizer: a group that sets one is
+    refused with a ValueError. ``lr`` may be a 0-dim tensor, read as a float once per step.
 
     Args:
         params: parameters or parameter groups.
-        lr: learning rate of the MARS rule; must be > 0 because ``lr_1d`` is applied as the ratio ``lr_1d / lr``.
+        lr: learning rate of the MARS rule (a float or a 0-dim tensor); must be > 0 because ``lr_1d`` is applied as
+            the ratio ``lr_1d / lr``.
         betas: (beta1, beta2) of the MARS rule.
         eps: added to the Adam denominator (and the Newton-Schulz normalisation guard for mars-shampoo).
         weight_decay: decoupled weight decay of the MARS rule.
@@ -253,7 +319,8 @@ class MARS(CudaGraphedNewtonSchulz, Float32StateOptimizer):
             ``group['lr_1d_ratio'] = lr_1d / lr`` so that it follows the group's scheduled lr.
         backend: ``"reference"`` (per-tensor loop of :mod:`mars.reference`), ``"torch"`` (foreach ops),
             ``"triton"`` (fused kernels; CUDA, or CPU under ``TRITON_INTERPRET=1``) or ``"auto"``
-            (triton for CUDA tensors when it is installed, torch otherwise). mars-shampoo's 2-D tensors
+            (triton for CUDA tensors when it is installed, torch otherwise); float64 parameters, which the Triton
+            kernels do not take, step with torch under ``"triton"``. mars-shampoo's 2-D tensors
             take Newton-Schulz by torch matmuls: one tensor at a time with ``"reference"``, else same-shaped
             tensors batched (:func:`mars.newton_schulz.orthogonalise`).
         process_group: under DDP (every rank holding the same gradients), mars-shampoo shares its
@@ -269,6 +336,7 @@ class MARS(CudaGraphedNewtonSchulz, Float32StateOptimizer):
     """
 
     ADDED_OPTIONS = ("ns_form",)
+    OPTIMIZER_OPTIONS = ("is_approx", "backend", "process_group", "ns_cuda_graph")
 
     process_group = WeakProcessGroup()
 
@@ -306,7 +374,7 @@ class MARS(CudaGraphedNewtonSchulz, Float32StateOptimizer):
             raise ValueError("backend='triton' needs the triton package; install it or use backend='torch'")
         defaults = dict(
             lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, gamma=gamma,
-            mars_type=mars_type, optimize_1d=optimize_1d, lr_1d_ratio=lr_1d / lr, betas_1d=betas_1d,
+            mars_type=mars_type, optimize_1d=optimize_1d, lr_1d_ratio=lr_1d / as_float(lr), betas_1d=betas_1d,
             weight_decay_1d=weight_decay_1d, ns_dtype=ns_dtype, ns_form=ns_form,
         )
         self.is_approx = is_approx
@@ -320,8 +388,10 @@ class MARS(CudaGraphedNewtonSchulz, Float32StateOptimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group after checking its hyperparameters (defaults filled in) and its parameters."""
+        lr_1d = take_group_lr_ratio(param_group, "lr_1d", "lr_1d_ratio")
         super().add_param_group(param_group)
         group = self.param_groups[-1]
+        set_group_lr_ratio(group, "lr_1d", "lr_1d_ratio", lr_1d)
         check_real_params(group["params"], "MARS")
         check_non_negative(
             lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"], gamma=group["gamma"],
@@ -361,7 +431,7 @@ class MARS(CudaGraphedNewtonSchulz, Float32StateOptimizer):
                     continue
                 state = self.state[param]
                 if "previous_grad" not in state:
-                    state["previous_grad"] = float32_zeros_like(param)
+                    state["previous_grad"] = state_zeros_like(param)
                 state["previous_grad"].copy_(param.grad)
                 self._stashed_states.append(state)
         self._lookahead_stashed = True
@@ -412,26 +482,27 @@ class MARS(CudaGraphedNewtonSchulz, Float32StateOptimizer):
         # mars-shampoo's tensors that are not 2-D take the AdamW-style MARS rule, as in the official code.
         backend_mars_type = "mars-adamw" if mars_type == "mars-shampoo" else mars_type
         beta1, beta2 = group["betas"]
+        lr = as_float(group["lr"])
         mars_hyper = dict(
-            lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+            lr=lr, beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
             gamma=group["gamma"], amsgrad=amsgrad, remember_grad=self.is_approx,
         )
         ns_dtype, ns_form = group["ns_dtype"], group["ns_form"]
-        for device, params in _by_device(backend_mars):
-            self._run_mars(self._backend_for(device), params, mars_type=backend_mars_type, **mars_hyper)
+        for backend, params in self._by_backend(backend_mars):
+            self._run_mars(backend, params, mars_type=backend_mars_type, **mars_hyper)
         if shampoo_2d and self.backend == "reference" and self.process_group is None:
             self._run_mars(REFERENCE_BACKEND, shampoo_2d, mars_type="mars-shampoo", ns_dtype=ns_dtype, **mars_hyper)
         elif shampoo_2d:
             self._run_shampoo_2d(shampoo_2d, ns_dtype=ns_dtype, ns_form=ns_form, graph=graph, **mars_hyper)
 
         beta1_1d, beta2_1d = group["betas_1d"]
-        for device, params in _by_device(adamw):
+        for backend, params in self._by_backend(adamw):
             states = self._states(params)
-            self._backend_for(device).adamw_group_step(
+            backend.adamw_group_step(
                 params, [p.grad for p in params],
                 state_buffers(params, states, "exp_avg"), state_buffers(params, states, "exp_avg_sq"),
                 state_buffers(params, states, "max_exp_avg_sq", needed=amsgrad),
-                steps=advance_steps(states), lr=group["lr"] * group["lr_1d_ratio"], beta1=beta1_1d,
+                steps=advance_steps(states), lr=lr * group["lr_1d_ratio"], beta1=beta1_1d,
                 beta2=beta2_1d, eps=group["eps"], weight_decay=group["weight_decay_1d"], amsgrad=amsgrad,
             )
 
@@ -458,9 +529,11 @@ class MARS(CudaGraphedNewtonSchulz, Float32StateOptimizer):
         directions = shampoo_foreach.shampoo_directions(
             [param.grad for param in params], state_buffers(params, states, "last_grad"),
             state_buffers(params, states, "exp_avg"), gamma=gamma, beta1=beta1, remember_grad=remember_grad)
-        # The official code passes the optimizer's eps to Newton-Schulz as its normalisation guard.
+        # The official code passes the optimizer's eps to Newton-Schulz as its normalisation guard. The results come
+        # back in the widest state dtype (float64 with float64 parameters), each then cast to its own state's.
+        out_dtype = functools.reduce(torch.promote_types, (direction.dtype for direction in directions))
         updates = orthogonalise(directions, dtype=ns_dtype, process_group=self.process_group, eps=eps, form=ns_form,
-                                graph=graph)
+                                out_dtype=out_dtype, graph=graph)
         shampoo_foreach.apply_shampoo_updates(params, updates, lr=lr, weight_decay=weight_decay)
 
     def _states(self, params: list[Tensor]) -> list[dict[str, Any]]:
@@ -468,11 +541,21 @@ class MARS(CudaGraphedNewtonSchulz, Float32StateOptimizer):
         Python (``Tensor.__hash__``), too slow to repeat for every buffer of every parameter."""
         return [self.state[param] for param in params]
 
-    def _backend_for(self, device: torch.device) -> ModuleType | SimpleNamespace:
-        """The backend module for tensors on ``device``; never falls back silently to other math."""
+    def _by_backend(self, params: list[Tensor]) -> Iterable[tuple[ModuleType | SimpleNamespace, list[Tensor]]]:
+        """Parameters grouped by the backend that steps them: each backend call takes tensors on one device."""
+        batches: dict[tuple[torch.device, bool], list[Tensor]] = defaultdict(list)
+        for param in params:
+            batches[param.device, param.dtype == torch.float64].append(param)
+        return [(self._backend_for(device, float64), batch) for (device, float64), batch in batches.items()]
+
+    def _backend_for(self, device: torch.device, float64: bool = False) -> ModuleType | SimpleNamespace:
+        """The backend module for tensors on ``device`` (of float64 parameters, with ``float64``); never falls back
+        silently to other math."""
         name = self.backend
         if name == "auto":
             name = "triton" if device.type == "cuda" and triton_is_installed() else "torch"
+        if name == "triton" and float64:
+            name = "torch"  # the kernels compute in float32; torch's foreach ops keep float64 (the same rule)
         if name == "reference":
             return REFERENCE_BACKEND
         if name == "triton" and device.type != "cuda" and not triton_interpreter_enabled():
@@ -510,7 +593,7 @@ def state_buffers(params: list[Tensor], states: list[dict[str, Any]], key: str,
         return None
     for param, state in zip(params, states):
         if key not in state:
-            state[key] = float32_zeros_like(param)
+            state[key] = state_zeros_like(param)
     return [state[key] for state in states]
 
 
@@ -524,11 +607,3 @@ def advance_steps(states: list[dict[str, Any]]) -> list[int]:
     for state in states:
         state["step"] = state.get("step", 0) + 1
     return [state["step"] for state in states]
-
-
-def _by_device(params: list[Tensor]) -> Iterable[tuple[torch.device, list[Tensor]]]:
-    """Parameters grouped by device, since each backend call takes tensors on one device."""
-    groups: dict[torch.device, list[Tensor]] = defaultdict(list)
-    for param in params:
-        groups[param.device].append(param)
-    return groups.items()

@@ -5,7 +5,8 @@ The formulas follow the authors' implementation (AGI-Arena/MARS, ``MARS/optimize
 including its order of floating-point operations, with two deliberate differences that do not change the
 math for float32 parameters:
 
-* optimizer state is float32 whatever the parameter dtype, and the update is computed in float32;
+* optimizer state is float32 for bfloat16/float16/float32 parameters (float64 for float64 ones), and the update
+  is computed in the state's dtype (:func:`working_dtype`);
 * the remembered gradient is a copy, never an alias of ``p.grad`` (the official approximate scheme keeps a
   reference, which silently breaks under ``zero_grad(set_to_none=False)`` and DDP gradient buckets).
 
@@ -34,14 +35,20 @@ MARS_TYPES = ("mars-adamw", "mars-lion", "mars-shampoo")
 NEWTON_SCHULZ_COEFFS = (3.4445, -4.7750, 2.0315)
 
 
+def working_dtype(tensor: Tensor) -> torch.dtype:
+    """The dtype state and updates of ``tensor`` are computed in: float32, or float64 for a float64 tensor."""
+    return torch.promote_types(tensor.dtype, torch.float32)
+
+
 def uses_mars_rule(param: Tensor, optimize_1d: bool) -> bool:
     """Whether ``param`` takes the MARS update (2-D tensors, or every tensor with ``optimize_1d``)."""
     return optimize_1d or param.dim() == 2
 
 
 def corrected_gradient(grad: Tensor, last_grad: Tensor, gamma: float, beta1: float) -> Tensor:
-    """The variance-reduced gradient c_t, clipped to unit L2 norm when its norm exceeds 1."""
-    grad, last_grad = grad.float(), last_grad.float()
+    """The variance-reduced gradient c_t, clipped to unit L2 norm when its norm exceeds 1, in ``last_grad``'s
+    (the state's) dtype."""
+    grad = grad.to(last_grad.dtype)
     c_t = (grad - last_grad).mul(gamma * (beta1 / (1.0 - beta1))).add(grad)
     c_t_norm = torch.linalg.vector_norm(c_t)
     if c_t_norm > 1.0:
@@ -92,18 +99,18 @@ def newton_schulz5(matrix: Tensor, steps: int = 5, eps: float = 1e-7, dtype: tor
 
 def apply_update(param: Tensor, update: Tensor, lr: float, weight_decay: float, *,
                  decay_inside_add: bool = False) -> None:
-    """p <- p - lr * (update + weight_decay * p), computed in float32 and written back in p's dtype.
+    """p <- p - lr * (update + weight_decay * p), computed in :func:`working_dtype` and written back in p's dtype.
 
     The official code rounds weight_decay * p before adding the update, except for mars-shampoo's matrices
     (``decay_inside_add``), whose ``update.add(wd, p)`` rounds once (MARS/optimizers/mars.py:38 against :33, :35).
     """
-    p32 = param.float()
+    work = param.to(working_dtype(param))
     if decay_inside_add:
-        decayed = update.add(p32, alpha=weight_decay)
+        decayed = update.add(work, alpha=weight_decay)
     else:
-        decayed = torch.mul(p32, weight_decay).add(update)
-    p32.add_(decayed.mul(-lr))
-    param.copy_(p32)
+        decayed = torch.mul(work, weight_decay).add(update)
+    work.add_(decayed.mul(-lr))
+    param.copy_(work)
 
 
 @torch.no_grad()
@@ -126,7 +133,8 @@ def mars_step(
     amsgrad: bool,
     ns_dtype: torch.dtype = torch.bfloat16,
 ) -> None:
-    """One MARS update of ``param`` in place; ``exp_avg``/``exp_avg_sq``/``max_exp_avg_sq`` are float32 state.
+    """One MARS update of ``param`` in place; ``last_grad``/``exp_avg``/``exp_avg_sq``/``max_exp_avg_sq`` are state
+    in :func:`working_dtype` of ``param``.
 
     ``exp_avg_sq`` is needed by mars-adamw and by mars-shampoo on tensors that are not 2-D (which fall back to
     the AdamW-style rule, as in the official code); ``max_exp_avg_sq`` only with ``amsgrad``.
@@ -169,7 +177,7 @@ def adamw_step(
     amsgrad: bool,
 ) -> None:
     """The AdamW step MARS applies to tensors that are not 2-D (the official ``update_fn``'s else branch)."""
-    grad = grad.float()
+    grad = grad.to(exp_avg.dtype)
     exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
     second_moment = exp_avg_sq
@@ -204,17 +212,17 @@ def authors_adamw_step(
     It differs from torch's AdamW (:func:`adamw_step`) twice: eps is added to the uncorrected sqrt(v_t), so it
     weighs 1 / sqrt(1 - beta2^t) times more, and the weight decay is scaled by step_size instead of lr, so it is
     sqrt(1 - beta2^t) / (1 - beta1^t) times stronger (2.2x at step 1 with betas (0.9, 0.95), tending to 1).
-    ``exp_avg`` and ``exp_avg_sq`` are float32 state; the step is computed in float32 and written back in
-    ``param``'s dtype.
+    ``exp_avg`` and ``exp_avg_sq`` are state in :func:`working_dtype` of ``param``, the step is computed in it and
+    written back in ``param``'s dtype.
     """
-    grad = grad.float()
+    grad = grad.to(exp_avg.dtype)
     exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
     denominator = exp_avg_sq.sqrt().add_(eps)
     step_size = lr * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
-    p32 = param.float()
-    p32.add_(torch.mul(p32, weight_decay).addcdiv_(exp_avg, denominator).mul_(-step_size))
-    param.copy_(p32)
+    work = param.to(working_dtype(param))
+    work.add_(torch.mul(work, weight_decay).addcdiv_(exp_avg, denominator).mul_(-step_size))
+    param.copy_(work)
 
 
 # MARS-M and its Moonlight baseline. Paper: "MARS-M: When Variance Reduction Meets Matrices" (arXiv 2510.21800);
@@ -320,7 +328,7 @@ def apply_shape_scaled_update(param: Tensor, update: Tensor, *, lr: float, weigh
     ``update`` is the orthogonalised O_t; the authors add their bfloat16 O_t to the float32 parameter, which is
     what adding it cast to float32 does.
     """
-    work = param.to(torch.promote_types(param.dtype, torch.float32))
+    work = param.to(working_dtype(param))
     work.mul_(1 - lr * weight_decay).add_(update.to(work.dtype), alpha=-shape_scaled_lr(lr, param.shape))
     param.copy_(work)
 
@@ -386,6 +394,6 @@ def mars_m_adamw_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: 
     exp_avg_sq.lerp_(grad.square(), 1 - beta2)
     direction = exp_avg / (eps + exp_avg_sq.sqrt())
     scale = (1 - beta1**step) / (1 - beta2**step) ** 0.5
-    work = param.to(torch.promote_types(param.dtype, torch.float32))
+    work = param.to(working_dtype(param))
     work.mul_(1 - lr * weight_decay).add_(direction.to(work.dtype), alpha=-lr / scale)
     param.copy_(work)

@@ -11,7 +11,7 @@ waits for the GPU once per matrix).
 import torch
 from torch import Tensor
 
-from mars.foreach_ops import clip_to_unit_norm, scale_in_place, shape_scales, write_back
+from mars.foreach_ops import cast_like, clip_to_unit_norm, scale_in_place, shape_scales, working_copies, write_back
 
 
 @torch.no_grad()
@@ -19,10 +19,10 @@ def shampoo_directions(grads: list[Tensor], last_grads: list[Tensor], exp_avgs: 
                        beta1: float, remember_grad: bool) -> list[Tensor]:
     """The matrices mars-shampoo orthogonalises, m_t / (1 - beta1), after m_t <- beta1 m + (1 - beta1) c_t; with
     ``remember_grad`` (the approximate scheme) ``last_grads`` then hold this step's gradients."""
-    grads32 = [grad.float() for grad in grads]
-    corrected = torch._foreach_sub(grads32, [last_grad.float() for last_grad in last_grads])
+    grads = cast_like(grads, last_grads)  # into the state's dtype: float32, or float64 for float64 parameters
+    corrected = torch._foreach_sub(grads, last_grads)
     torch._foreach_mul_(corrected, gamma * (beta1 / (1.0 - beta1)))
-    torch._foreach_add_(corrected, grads32)
+    torch._foreach_add_(corrected, grads)
     clip_to_unit_norm(corrected)
     torch._foreach_mul_(exp_avgs, beta1)
     torch._foreach_add_(exp_avgs, corrected, alpha=1.0 - beta1)
@@ -33,10 +33,12 @@ def shampoo_directions(grads: list[Tensor], last_grads: list[Tensor], exp_avgs: 
 
 @torch.no_grad()
 def apply_shampoo_updates(params: list[Tensor], updates: list[Tensor], *, lr: float, weight_decay: float) -> None:
-    """Each update scaled in place by sqrt(max(1, rows / cols)), then p <- p - lr * (update + weight_decay * p) on a
-    float32 copy of p, as :func:`mars.reference.apply_update` with ``decay_inside_add``."""
+    """Each update cast to its parameter's working dtype and scaled in place by sqrt(max(1, rows / cols)), then
+    p <- p - lr * (update + weight_decay * p) on a working copy of p (float32, or float64 for a float64 p), as
+    :func:`mars.reference.apply_update` with ``decay_inside_add``."""
+    works = working_copies(params)
+    updates = cast_like(updates, works)
     scale_in_place(updates, shape_scales(params))
-    works = [param.float() for param in params]
     deltas = torch._foreach_add(updates, works, alpha=weight_decay)  # one rounding, as the reference
     torch._foreach_mul_(deltas, -lr)
     torch._foreach_add_(works, deltas)

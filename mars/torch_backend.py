@@ -19,16 +19,11 @@ import math
 import torch
 from torch import Tensor
 
-from mars.foreach_ops import clip_to_unit_norm
-
-
-def _as_float32(tensors: list[Tensor]) -> list[Tensor]:
-    """The tensors in float32; float32 inputs are returned as they are, not copied."""
-    return [t.float() for t in tensors]
+from mars.foreach_ops import cast_like, clip_to_unit_norm, working_copies
 
 
 def _corrected_gradients(
-    grads32: list[Tensor], last_grads: list[Tensor], gamma: float, beta1: float, in_place: bool
+    grads: list[Tensor], last_grads: list[Tensor], gamma: float, beta1: float, in_place: bool
 ) -> list[Tensor]:
     """c_t = g + gamma * beta1 / (1 - beta1) * (g - g_prev), clipped per tensor to L2 norm at most 1.
 
@@ -37,11 +32,11 @@ def _corrected_gradients(
     correction_scale = gamma * (beta1 / (1.0 - beta1))
     if in_place:
         # lerp(g_prev, g, 1 + s) = g_prev + (1 + s) * (g - g_prev) = g + s * (g - g_prev)
-        torch._foreach_lerp_(last_grads, grads32, 1.0 + correction_scale)
+        torch._foreach_lerp_(last_grads, grads, 1.0 + correction_scale)
         corrected = last_grads
     else:
         # lerp(g, g_prev, -s) = g - s * (g_prev - g)
-        corrected = torch._foreach_lerp(grads32, last_grads, -correction_scale)
+        corrected = torch._foreach_lerp(grads, last_grads, -correction_scale)
     clip_to_unit_norm(corrected)
     return corrected
 
@@ -79,17 +74,17 @@ def _sign_into(outputs: list[Tensor], inputs: list[Tensor]) -> None:
         torch.sign(value, out=output)
 
 
-def _write_back(params: list[Tensor], params32: list[Tensor]) -> None:
+def _write_back(params: list[Tensor], works: list[Tensor]) -> None:
     """Copy float32 working copies back into parameters stored in a lower precision."""
-    for param, param32 in zip(params, params32):
-        if param32 is not param:
-            param.copy_(param32)
+    for param, work in zip(params, works):
+        if work is not param:
+            param.copy_(work)
 
 
-def _decay_weights(params32: list[Tensor], lr: float, weight_decay: float) -> None:
+def _decay_weights(works: list[Tensor], lr: float, weight_decay: float) -> None:
     """p <- p * (1 - lr * weight_decay), the decoupled weight decay."""
     if weight_decay != 0.0:
-        torch._foreach_mul_(params32, 1.0 - lr * weight_decay)
+        torch._foreach_mul_(works, 1.0 - lr * weight_decay)
 
 
 def _adam_update(
@@ -111,10 +106,10 @@ def _adam_update(
     sqrt_bias_corrections2 = [math.sqrt(1.0 - beta2**step) for step in steps]
     torch._foreach_add_(denominators, [eps * correction for correction in sqrt_bias_corrections2])
     step_sizes = [-lr * correction / (1.0 - beta1**step) for step, correction in zip(steps, sqrt_bias_corrections2)]
-    params32 = _as_float32(params)
-    _decay_weights(params32, lr, weight_decay)
-    torch._foreach_addcdiv_(params32, exp_avgs, denominators, step_sizes)
-    _write_back(params, params32)
+    works = working_copies(params)
+    _decay_weights(works, lr, weight_decay)
+    torch._foreach_addcdiv_(works, exp_avgs, denominators, step_sizes)
+    _write_back(params, works)
 
 
 @torch.no_grad()
@@ -142,8 +137,8 @@ def mars_group_step(
         raise ValueError(f"mars_type must be 'mars-adamw' or 'mars-lion' here, got {mars_type!r}")
     if not params:
         return
-    grads32 = _as_float32(grads)
-    corrected = _corrected_gradients(grads32, last_grads, gamma, beta1, in_place=remember_grad)
+    grads = cast_like(grads, last_grads)  # the state's dtype: float32, or float64 for float64 parameters
+    corrected = _corrected_gradients(grads, last_grads, gamma, beta1, in_place=remember_grad)
     torch._foreach_lerp_(exp_avgs, corrected, 1.0 - beta1)
     # From here on c_t is dead and its buffer is scratch for the update direction.
     update_directions = corrected
@@ -156,10 +151,10 @@ def mars_group_step(
         )
     else:
         _sign_into(update_directions, exp_avgs)
-        params32 = _as_float32(params)
-        _decay_weights(params32, lr, weight_decay)
-        torch._foreach_add_(params32, update_directions, alpha=-lr)
-        _write_back(params, params32)
+        works = working_copies(params)
+        _decay_weights(works, lr, weight_decay)
+        torch._foreach_add_(works, update_directions, alpha=-lr)
+        _write_back(params, works)
     if remember_grad:
         torch._foreach_copy_(last_grads, grads)
 
@@ -183,9 +178,9 @@ def adamw_group_step(
     """One AdamW step on every tensor of the lists (see :func:`mars.reference.adamw_step`)."""
     if not params:
         return
-    grads32 = _as_float32(grads)
-    torch._foreach_lerp_(exp_avgs, grads32, 1.0 - beta1)
-    second_moments = _update_second_moment(exp_avg_sqs, max_exp_avg_sqs, grads32, beta2, amsgrad)
+    grads = cast_like(grads, exp_avgs)
+    torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
+    second_moments = _update_second_moment(exp_avg_sqs, max_exp_avg_sqs, grads, beta2, amsgrad)
     _adam_update(
         params, exp_avgs, torch._foreach_sqrt(second_moments),
         steps=steps, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
