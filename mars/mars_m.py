@@ -72,12 +72,12 @@ class _ShapeScaledOrthogonal(CudaGraphedNewtonSchulz, Float32StateOptimizer):
         if foreach is not None:
             check_flags(foreach=foreach)
         check_flags(ns_cuda_graph=ns_cuda_graph)
-        super().__init__(params, defaults)
         # Not hyperparameters: kept out of param_groups, which state_dict() saves, so that a state dict saved by
-        # either path loads into the other.
+        # either path loads into the other (set first: add_param_group compares a group's with them).
         self.process_group = process_group
         self.foreach = foreach
         self.ns_cuda_graph = ns_cuda_graph
+        super().__init__(params, defaults)
         self._check_ns_cuda_graph_devices()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:

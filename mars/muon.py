@@ -121,11 +121,12 @@ class Muon(CudaGraphedNewtonSchulz, Float32StateOptimizer):
             adamw_weight_decay=adamw_weight_decay, ns_dtype=ns_dtype, adamw_variant=adamw_variant,
             update_dtype=update_dtype, ns_form=ns_form,
         )
-        super().__init__(params, defaults)
-        # Not a hyperparameter: kept out of param_groups, which state_dict() saves.
+        # Not hyperparameters: kept out of param_groups, which state_dict() saves (set first: add_param_group
+        # compares a group's with them).
         self.process_group = process_group
         self.ns_cuda_graph = ns_cuda_graph
         self.foreach = foreach
+        super().__init__(params, defaults)
         self._check_ns_cuda_graph_devices()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:

@@ -93,12 +93,18 @@ def check_ns_dtype(ns_dtype: torch.dtype) -> None:
 
 
 def refuse_optimizer_options(param_group: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
-    """Raise a ValueError naming the first key of ``param_group`` that is an option of the whole optimizer
-    (``OPTIMIZER_OPTIONS``), which a group cannot change: silently ignoring it would step with another value."""
+    """Raise a ValueError naming the first key of ``param_group`` that sets an option of the whole optimizer
+    (``OPTIMIZER_OPTIONS``) to another value than the optimizer's: silently ignored, it would step with another
+    value. The optimizer's own value is taken out of the group (``ZeroRedundancyOptimizer`` passes its constructor
+    arguments in every group)."""
     for key in type(optimizer).OPTIMIZER_OPTIONS:
-        if key in param_group:
-            raise ValueError(f"{key} is an option of the whole {type(optimizer).__name__}, not of a param group: "
-                             f"pass it to the constructor, or use one optimizer per value")
+        if key not in param_group:
+            continue
+        value, own = param_group.pop(key), getattr(optimizer, key)
+        if value is not own and value != own:
+            raise ValueError(f"{key} is an option of the whole {type(optimizer).__name__}, not of a param group "
+                             f"(got {value!r}, the optimizer's is {own!r}): pass it to the constructor, or use one "
+                             "optimizer per value")
 
 
 def take_group_lr_ratio(param_group: dict[str, Any], lr_key: str, ratio_key: str) -> float | None:

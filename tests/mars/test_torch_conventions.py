@@ -305,6 +305,9 @@ GROUP_VALUES = {
     "update_dtype": torch.float32, "clip_c": False, "matrix_rule": False,
     "is_approx": None, "backend": None, "process_group": None, "ns_cuda_graph": None, "foreach": None,
 }
+# Values other than the defaults of the options of the whole optimizer.
+OTHER_THAN_DEFAULT = {"is_approx": False, "backend": "reference", "process_group": "another group",
+                      "ns_cuda_graph": True, "foreach": False}
 SECOND_LR = {MARS: "lr_1d", Muon: "adamw_lr"}
 # mars-shampoo, so that every MARS option shows in the steps (ns_dtype and ns_form too).
 GROUP_BASE = {MARS: dict(mars_type="mars-shampoo", backend="torch"), Muon: {}, MarsM: {}, MarsMEfficient: {},
@@ -335,9 +338,12 @@ def trajectory(cls, groups_of, **options):
 def test_every_constructor_argument_works_per_param_group_or_is_refused_there(cls, name):
     assert name in GROUP_VALUES, f"new argument {name}: add it to GROUP_VALUES (per group, or None: refused)"
     if GROUP_VALUES[name] is None:
-        default = inspect.signature(cls.__init__).parameters[name].default
         with pytest.raises(ValueError, match=f"{name} is an option of the whole {cls.__name__}"):
-            cls([{"params": new_params(), name: default}])
+            cls([{"params": new_params(), name: OTHER_THAN_DEFAULT[name]}])
+        # The optimizer's own value is no conflict (ZeroRedundancyOptimizer passes every constructor argument in
+        # every group).
+        own = GROUP_BASE[cls].get(name, inspect.signature(cls.__init__).parameters[name].default)
+        assert_same_params(trajectory(cls, lambda params: [{"params": params, name: own}]), trajectory(cls, list))
         return
     options = constructor_options(cls, name)
     by_group = trajectory(cls, lambda params: [{"params": params, name: options[name]}])
