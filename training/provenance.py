@@ -4,6 +4,7 @@ multi-node job whose nodes hold different code stops before it trains."""
 import datetime
 import hashlib
 import importlib.metadata
+import json
 import os
 import platform
 import re
@@ -83,15 +84,32 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
+def imported_source(root: Path = PROJECT_ROOT) -> dict[str, str]:
+    """{path relative to ``root``: sha256 of its bytes} for every module of the project this process imported:
+    the code that trains, whether or not git knows it (a copy without ``.git``, an edited file)."""
+    files = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str) or not path.endswith(".py") or not os.path.isabs(path):
+            continue  # built in, compiled, or a namespace whose __file__ names no file (torch's "_ops.py")
+        path = Path(path).resolve()
+        if path.is_relative_to(root) and path.is_file():
+            files[path.relative_to(root).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return dict(sorted(files.items()))
+
+
 def rank_code(code: dict) -> dict:
-    """What each rank reports of its code: the commit and a digest of its uncommitted change."""
-    diff = code["diff"]
+    """What each rank reports of its code: the commit, a digest of its uncommitted change, and the source files
+    it imported (:func:`imported_source`) with one digest over them all."""
+    diff, source = code["diff"], imported_source()
     return {"host": socket.gethostname(), "commit": code["commit"],
-            "diff_sha256": hashlib.sha256(diff).hexdigest() if diff else None}
+            "diff_sha256": hashlib.sha256(diff).hexdigest() if diff else None,
+            "source_sha256": hashlib.sha256(json.dumps(source).encode()).hexdigest(), "source": source}
 
 
 def check_same_code(ranks: list[dict]) -> None:
-    """Raise :class:`DifferentCodeOnRanks` when ranks that know their commit report different code.
+    """Raise :class:`DifferentCodeOnRanks` when the ranks report different code: another commit or uncommitted
+    change where git knows it, or other source files imported, which also catches a copy without ``.git``.
 
     Each rank steps its own optimizer on all-reduced gradients: different code on two nodes would train a model
     whose copies drift apart, with nothing to show for it but a worse loss.
@@ -106,6 +124,15 @@ def check_same_code(ranks: list[dict]) -> None:
                  for (commit, digest), members in versions.items()]
         raise DifferentCodeOnRanks("the ranks of this job run different code:\n  " + "\n  ".join(lines)
                                    + "\ncheck out the same commit, without local changes, on every node")
+    reference = ranks[0]["source"]
+    for rank, report in enumerate(ranks[1:], start=1):
+        if report["source_sha256"] != ranks[0]["source_sha256"]:
+            differ = sorted(name for name in reference.keys() | report["source"].keys()
+                            if reference.get(name) != report["source"].get(name))
+            raise DifferentCodeOnRanks(
+                f"the ranks of this job run different code: rank {rank} ({report['host']}) imported other source "
+                f"files than rank 0 ({ranks[0]['host']}): {', '.join(differ)}\ncopy the same code to every node "
+                f"(commit {ranks[0]['commit'] or 'unknown'} on rank 0, {report['commit'] or 'unknown'} on rank {rank})")
 
 
 def patch_files(run_dir: Path) -> list[Path]:
@@ -133,6 +160,7 @@ def launch_record(run_dir: Path, step: int, code: dict, ranks: list[dict], devic
         patch = str(path.relative_to(run_dir))
     return {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": sys.argv[1:], "commit": code["commit"], "patch": patch,
+            "source_sha256": ranks[0]["source_sha256"],
             "untracked": code["untracked"][:MAX_UNTRACKED_NAMES], "untracked_count": len(code["untracked"]),
             "versions": library_versions(),
             "device": device_name(device), "world_size": len(ranks),
