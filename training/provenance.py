@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import torch
+from hydra.core.hydra_config import HydraConfig
 
 from training.atomic import atomic_file
 from training.distributed import DistributedContext, all_gather_objects
@@ -135,6 +136,18 @@ def check_same_code(ranks: list[dict]) -> None:
                 f"(commit {ranks[0]['commit'] or 'unknown'} on rank 0, {report['commit'] or 'unknown'} on rank {rank})")
 
 
+def launch_command() -> dict:
+    """How this run was started: its Hydra overrides (a sweep point's own, wherever Hydra runs it: not the
+    ``.submitit/%j`` folder that submitit's wrapper gets as its argument) and, under torchrun, torchrun's command
+    line (the worker's parent, read from /proc: None where there is none)."""
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else sys.argv[1:]
+    torchrun = None
+    agent = Path(f"/proc/{os.getppid()}/cmdline")
+    if "TORCHELASTIC_RUN_ID" in os.environ and agent.is_file():
+        torchrun = [os.fsdecode(arg) for arg in agent.read_bytes().split(b"\0") if arg]
+    return {"command": overrides, "torchrun": torchrun}
+
+
 def patch_files(run_dir: Path) -> list[Path]:
     """The patches that launches into ``run_dir`` saved, each named after the step its launch started at."""
     return sorted(path for path in (Path(run_dir) / PATCH_DIR).glob("launch_*.patch")
@@ -159,7 +172,7 @@ def launch_record(run_dir: Path, step: int, code: dict, ranks: list[dict], devic
             f.write(code["diff"])
         patch = str(path.relative_to(run_dir))
     return {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": sys.argv[1:], "commit": code["commit"], "patch": patch,
+            **launch_command(), "commit": code["commit"], "patch": patch,
             "source_sha256": ranks[0]["source_sha256"],
             "untracked": code["untracked"][:MAX_UNTRACKED_NAMES], "untracked_count": len(code["untracked"]),
             "versions": library_versions(),

@@ -1,5 +1,9 @@
 """Each SLURM task of a submitit job becomes a torch.distributed rank with torchrun's environment variables."""
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -53,3 +57,26 @@ def test_outside_slurm_nothing_is_exported(slurm_task):
     del slurm_task["SUBMITIT_EXECUTOR"]
     TorchDistributedFromSubmitit().on_job_start(config=None)
     assert not any(key in os.environ for key in TORCHRUN_VARIABLES)
+
+
+@pytest.mark.slow
+def test_the_local_launcher_runs_each_sweep_point_as_two_ranks_and_records_its_overrides(tmp_path):
+    # hydra/launcher=local: submitit's local executor, two tasks per point, the same callback as on SLURM.
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    repo = Path(__file__).resolve().parents[2]
+    small = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_size=2", "train.block_size=32",
+             "train.eval_iters=2", "train.warmup_iters=1", "train.device=cpu", "train.max_iters=1"]
+    result = subprocess.run([sys.executable, "train.py", "-m", "hydra/launcher=local",
+                             f"hydra.sweep.dir={tmp_path}", *small, "optimizer=adamw,mars-adamw"],
+                            cwd=repo, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    launches = {}
+    for metrics in tmp_path.glob("*/metrics.jsonl"):
+        for line in metrics.read_text().splitlines():
+            if '"launch"' in line:
+                launch = json.loads(line)["launch"]
+                launches[launch["command"][-1]] = launch
+    assert sorted(launches) == ["optimizer=adamw", "optimizer=mars-adamw"]  # not submitit's .submitit/%j
+    assert all(launch["world_size"] == 2 and launch["command"] == [*small, name]
+               for name, launch in launches.items())

@@ -178,4 +178,9 @@ def test_torchrun_without_a_run_id_refuses_a_default_run_directory(tmp_path):
 def test_torchrun_with_a_run_id_gives_every_rank_one_default_run_directory(tmp_path):
     nodes = two_node_job(tmp_path, "train.max_iters=2", cwd=tmp_path)
     assert [node.returncode for node in nodes] == [0, 0], logs(tmp_path)
-    assert [path.parent.parent.name for path in tmp_path.rglob("metrics.jsonl")] == ["outputs"]
+    [metrics] = tmp_path.rglob("metrics.jsonl")
+    assert metrics.parent.parent.name == "outputs"
+    # The launch record names the real launch: torchrun's arguments, and the overrides.
+    [launch] = [json.loads(line)["launch"] for line in metrics.read_text().splitlines() if '"launch"' in line]
+    assert "--nnodes=2" in launch["torchrun"] and "--rdzv-backend=c10d" in launch["torchrun"]
+    assert launch["command"] == [*SMALL, "train.max_iters=2"]
