@@ -50,9 +50,10 @@ def launched_by_torchrun() -> bool:
 def init_distributed(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistributedContext:
     """Join the torchrun process group if there is one; on CUDA each process takes the GPU of its local rank.
 
-    A rank that waits longer than ``timeout_s`` seconds for the others, to join or in any collective later, raises (Gloo:
-    a RuntimeError naming the timeout; NCCL's watchdog aborts the process): the rank exits non-zero, and torchrun
-    ends the job or, with ``--max-restarts``, restarts every node's workers (which resume from the checkpoint).
+    A rank that waits longer than ``timeout_s`` seconds for the others, to join or in any collective later,
+    raises (Gloo: an error naming the timeout; NCCL's watchdog aborts the process): the rank exits non-zero, and
+    torchrun ends the job or, with ``--max-restarts``, restarts every node's workers (which resume from the
+    checkpoint).
     """
     if not launched_by_torchrun():
         return DistributedContext(device=device)

@@ -111,12 +111,17 @@ def test_ranks_on_one_commit_without_changes_or_with_the_same_changes_may_train(
     check_same_code([report("a" * 40), report(None, host="node1")])  # the same files, without git on node1
 
 
+def test_a_module_one_rank_alone_has_imported_yet_is_no_difference():
+    check_same_code([report("a" * 40), report("a" * 40, source={"train.py": "1" * 64, "mars/muon.py": "3" * 64})])
+
+
 def test_ranks_importing_different_source_files_stop_naming_the_files():
     # node1 holds a copy without .git (no commit) with one file changed: only the files tell.
-    other = report(None, host="node1", source={"train.py": "1" * 64, "training/schedule.py": "2" * 64})
+    ours = report("a" * 40, source={"train.py": "1" * 64, "training/schedule.py": "2" * 64})
+    other = report(None, host="node1", source={"train.py": "1" * 64, "training/schedule.py": "4" * 64})
     with pytest.raises(DifferentCodeOnRanks, match=r"rank 1 \(node1\) imported other source files than rank 0 "
                                                    r"\(node0\): training/schedule.py"):
-        check_same_code([report("a" * 40), other])
+        check_same_code([ours, other])
 
 
 @pytest.mark.parametrize("other", [report("b" * 40, host="node1"), report("a" * 40, "d" * 64, host="node1")])
