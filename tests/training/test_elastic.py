@@ -41,12 +41,14 @@ def start_node(command: list[str], repo: Path, log: Path, cwd: Path | None = Non
 
 
 def stop_all(nodes: list[subprocess.Popen]) -> None:
-    """SIGKILL every node's process group (its agent and workers) that is still there."""
+    """SIGKILL what is left of the nodes: their workers (each in a session of its own, as torchrun starts them),
+    then each agent's process group."""
     for node in nodes:
-        try:
-            os.killpg(node.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        for pid in [*workers(node), node.pid]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         node.wait(timeout=30)
 
 
