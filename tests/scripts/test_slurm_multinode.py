@@ -8,7 +8,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_TOOLS = {
-    "scontrol": 'echo "${SLURM_JOB_NODELIST%%,*}"; echo other-node\n',
+    # More hosts than a pipe holds: a reader that stops after the first line would end scontrol with SIGPIPE.
+    "scontrol": 'echo "${SLURM_JOB_NODELIST%%,*}"; printf "other-node%d\\n" $(seq 100000)\n',
     "srun": 'exec "$@"\n',
     "torchrun": 'printf "%s\\n" "$@" > "$TORCHRUN_ARGS"\n',
 }
