@@ -195,8 +195,8 @@ def train(cfg: DictConfig) -> None:
     t = cfg.train
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     refuse_if_terminated(run_dir)  # a signal stopped an earlier point of this process's sweep
-    with (distributed_session(resolve_device(t.device)) as ctx, run_directory(run_dir, cfg, ctx) as lock,
-          PreemptionSignal() as preemption):
+    with (distributed_session(resolve_device(t.device), t.distributed_timeout_s) as ctx,
+          run_directory(run_dir, cfg, ctx) as lock, PreemptionSignal() as preemption):
         train_loop(cfg, t, run_dir, ctx, preemption, lock)
 
 

@@ -1,4 +1,4 @@
-"""Hydra callback of the submitit launchers (configs/hydra/launcher/slurm.yaml, or submitit_local): each task of
+"""Hydra callback of the submitit launchers (configs/hydra/launcher/slurm.yaml and local.yaml): each task of
 a submitit job becomes one torch.distributed rank, set up as torchrun would set it up."""
 import os
 from typing import Any

@@ -211,6 +211,9 @@ class TrainConfig:
     hellaswag_items: Optional[int] = None  # evaluate the first N items only; null: all 10,042
     max_skipped_steps: int = 0  # steps with a NaN/inf loss or gradient to skip before stopping; 0 stops at once
     zero1: bool = False  # shard the optimizer state across DDP ranks (ZeRO stage 1)
+    # Seconds a rank waits for the others (to join the group, in each collective) before it fails and the job
+    # ends or restarts (torchrun --max-restarts): what a frozen node costs. Must outlast a checkpoint's write.
+    distributed_timeout_s: float = 600.0
 
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
@@ -244,14 +247,20 @@ def unique_run_dir(parent: str = "outputs") -> str:
     """A new run directory under ``parent``: named by the start time, or by torchrun's run id under torchrun.
 
     Every rank of a torchrun job (and every elastic restart of it) sees the same run id, while their clocks may
-    straddle a second: the ranks must agree on one directory. Without torchrun the directory is claimed by
+    straddle a second: the ranks must agree on one directory. torchrun's default run id ("none") is the same in
+    every job, so it names no directory: refused. Without torchrun the directory is claimed by
     creating it (atomic, also on shared file systems), with a -2, -3, ... suffix when another run started in
     the same second took the name first. One claim per process, however often the config is resolved.
     """
     if parent in _claimed_run_dirs:
         return _claimed_run_dirs[parent]
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-    if run_id != "none":
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id == "none":  # torchrun's default run id, without --rdzv-id or --standalone
+        raise ValueError(
+            "under torchrun without --rdzv-id the ranks cannot agree on a default run directory (each would "
+            "claim its own, and a restarted group would start again from step 0): pass --rdzv-id=<job name> "
+            "(or --standalone on one node) to torchrun, or set hydra.run.dir (a sweep: hydra.sweep.dir)")
+    if run_id is not None:
         return f"{parent}/torchrun-{run_id}"
     stamp = f"{parent}/{datetime.datetime.now().strftime('%Y-%m-%d/%H-%M-%S')}"
     Path(stamp).parent.mkdir(parents=True, exist_ok=True)
@@ -336,6 +345,8 @@ def validate(cfg) -> None:
              f"train.compile_mode must be one of {', '.join(COMPILE_MODES)}, got {t.compile_mode!r}")
     _require(t.compile or t.compile_mode == "default",
              f"train.compile_mode={t.compile_mode} is torch.compile's mode: set train.compile=true with it")
+    _require(t.distributed_timeout_s > 0,
+             f"train.distributed_timeout_s must be > 0 seconds, got {t.distributed_timeout_s}")
     _require(t.max_skipped_steps >= 0, f"train.max_skipped_steps must be >= 0, got {t.max_skipped_steps}")
     _require(t.grad_clip >= 0.0, f"train.grad_clip must be >= 0 (0 disables it), got {t.grad_clip}")
     _require(t.grad_multiplier > 0.0, f"train.grad_multiplier must be positive (1: the mean gradient), got "

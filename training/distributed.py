@@ -3,7 +3,9 @@ import contextlib
 import gc
 import logging
 import os
+import time
 import traceback
+import uuid
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +21,10 @@ import torch.distributed.nn  # noqa: F401
 from torch.nn.parallel import DistributedDataParallel
 
 log = logging.getLogger(__name__)
+# How long a rank waits for the others: to join the group, then in every collective. A frozen or lost node ends the
+# job after this long (torch's own default is 30 minutes); it must outlast rank 0 writing a checkpoint.
+DEFAULT_TIMEOUT_S = 600.0
+STORE_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -41,8 +47,14 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def init_distributed(device: torch.device) -> DistributedContext:
-    """Join the torchrun process group if there is one; on CUDA each process takes the GPU of its local rank."""
+def init_distributed(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistributedContext:
+    """Join the torchrun process group if there is one; on CUDA each process takes the GPU of its local rank.
+
+    A rank that waits longer than ``timeout_s`` seconds for the others, to join or in any collective later,
+    raises (Gloo: an error naming the timeout; NCCL's watchdog aborts the process): the rank exits non-zero, and
+    torchrun ends the job or, with ``--max-restarts``, restarts every node's workers (which resume from the
+    checkpoint).
+    """
     if not launched_by_torchrun():
         return DistributedContext(device=device)
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
@@ -52,22 +64,60 @@ def init_distributed(device: torch.device) -> DistributedContext:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, store=elastic_store(), rank=rank, world_size=world_size)
+        timeout = timedelta(seconds=timeout_s)
+        dist.init_process_group(backend=backend, store=elastic_store(rank, world_size, timeout), rank=rank,
+                                world_size=world_size, timeout=timeout)
     return DistributedContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 
-def elastic_store() -> dist.Store | None:
-    """Under torchrun's agent store, a client of it whose keys are private to this restart of the worker group.
+def elastic_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store | None:
+    """Under torchrun's agent store, a client of it whose keys are private to this worker group (this start or
+    restart of the job's workers on every node). None (torch's own env:// rendezvous) otherwise.
 
-    torch's env:// rendezvous reuses the agent's store across ``--max-restarts`` restarts without a per-restart
-    prefix, so a restarted group can read the addresses of the dead one and fail to connect (Gloo:
-    connectFullMesh "Connection refused"). None (torch's own env:// rendezvous) otherwise.
+    The agent store outlives restarts and holds the keys of every earlier group: torch's env:// rendezvous would
+    hand a restarted Gloo group the dead group's addresses ("connectFullMesh failed ... Connection refused").
+    Nor can a per-restart prefix come from ``TORCHELASTIC_RESTART_COUNT``: under c10d only the node whose worker
+    failed counts a restart, the others restart as a membership change and keep their count. So rank 0 draws a
+    fresh prefix and hands it to each rank (:func:`share_group_prefix`).
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                          timeout=timedelta(minutes=10))
-    return dist.PrefixStore(f"restart_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+                          timeout=timeout)
+    return dist.PrefixStore(share_group_prefix(store, rank, world_size, timeout), store)
+
+
+def share_group_prefix(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> str:
+    """A key prefix that every rank of this group gets from rank 0, and no earlier group used.
+
+    Every key an earlier group left may be stale, so none is trusted: rank k asks under a number of its own
+    (``asks/k``, a counter only ever increased, so the number is new) and waits for the answer filed under that
+    number; rank 0 answers each rank's latest ask until every rank has confirmed, under the new prefix, that it
+    read it. An ask of a dead worker only ever gets an answer nobody reads.
+    """
+    if rank != 0:
+        ask = store.add(f"elastic/asks/{rank}", 1)
+        try:
+            prefix = store.get(f"elastic/answers/{rank}/{ask}").decode()  # waits up to the store's timeout
+        except dist.DistStoreError as err:
+            raise TimeoutError(f"rank {rank} heard nothing from rank 0 within {timeout} "
+                               "(train.distributed_timeout_s): a node is down, frozen or still starting") from err
+        store.set(f"{prefix}confirmed/{rank}", "1")
+        return prefix
+    prefix = f"elastic/group_{uuid.uuid4().hex}/"
+    waiting = set(range(1, world_size))
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        for other in sorted(waiting):
+            store.set(f"elastic/answers/{other}/{store.add(f'elastic/asks/{other}', 0)}", prefix)
+            if store.check([f"{prefix}confirmed/{other}"]):
+                waiting.discard(other)
+        if not waiting:
+            return prefix
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"ranks {sorted(waiting)} did not join the process group within {timeout} "
+                               "(train.distributed_timeout_s): a node is down, frozen or still starting")
+        time.sleep(STORE_POLL_S)
 
 
 def wrap_data_parallel(model: torch.nn.Module, ctx: DistributedContext) -> torch.nn.Module:
@@ -100,14 +150,14 @@ def barrier(ctx: DistributedContext) -> None:
 
 
 @contextlib.contextmanager
-def distributed_session(device: torch.device) -> Iterator[DistributedContext]:
+def distributed_session(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[DistributedContext]:
     """:func:`init_distributed`, then :func:`shutdown_distributed` however the block ends.
 
     An exception's traceback keeps the frames it passed through, and their locals (the DDP module, the
     optimizer) would keep the process group alive past the shutdown: those locals are cleared first (the
     traceback still names every line).
     """
-    ctx = init_distributed(device)
+    ctx = init_distributed(device, timeout_s)
     try:
         yield ctx
     except BaseException as err:

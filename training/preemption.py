@@ -1,12 +1,15 @@
-"""Preemption: SIGTERM (what clusters and torchrun send before killing a job) or a first Ctrl-C ends the run
-cleanly.
+"""Preemption: SIGTERM (what clusters and torchrun send before killing a job), submitit's timeout or preemption
+signal (SIGUSR2, or $SUBMITIT_PREEMPT_SIGNAL) or a first Ctrl-C ends the run cleanly.
 
 The handler only records the signal; the training loop checks it between steps, writes a checkpoint and stops,
 so that no more than the current step is lost. A second Ctrl-C stops at once (the steps since the last
-checkpoint are lost). The record is kept for the whole process: in a local sweep (``-m``), whose points run one
-after another in one process, a signal that stopped one point also keeps the next ones from starting.
+checkpoint are lost). After submitit's signal, submitit's own handler runs once the checkpoint is written: on rank
+0 it requeues the job, which resumes from that checkpoint. The record is kept for the whole process: in a local
+sweep (``-m``), whose points run one after another in one process, a signal that stopped one point also keeps the
+next ones from starting.
 """
 import logging
+import os
 import signal
 
 log = logging.getLogger(__name__)
@@ -30,18 +33,26 @@ def _handle(signum, frame) -> None:
     log.warning("received %s: finishing this step, then checkpointing and stopping%s", name, hint)
 
 
-class PreemptionSignal:
-    """Catches SIGTERM and SIGINT while a run trains (a context manager: the previous handlers come back after)."""
+def submitit_signal() -> signal.Signals:
+    """The signal submitit sends on a timeout or preemption (and then requeues on): its own setting's."""
+    return signal.Signals[f"SIG{os.environ.get('SUBMITIT_PREEMPT_SIGNAL', 'USR2')}"]
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+class PreemptionSignal:
+    """Catches SIGTERM, SIGINT and submitit's signal while a run trains (a context manager: the previous handlers
+    come back after, and submitit's is then called if its signal came)."""
 
     def __enter__(self) -> "PreemptionSignal":
-        self._previous = {signum: signal.signal(signum, _handle) for signum in self.SIGNALS}
+        signals = dict.fromkeys((signal.SIGTERM, signal.SIGINT, submitit_signal()))  # submitit's may be SIGTERM
+        self._previous = {signum: signal.signal(signum, _handle) for signum in signals}
         return self
 
     def __exit__(self, *exc) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+        submitit = submitit_signal()
+        if _received == submitit.name and callable(self._previous[submitit]):
+            self._previous[submitit](submitit, None)  # submitit's requeue, now that the checkpoint is written
 
     @property
     def received(self) -> bool:

@@ -4,6 +4,7 @@ multi-node job whose nodes hold different code stops before it trains."""
 import datetime
 import hashlib
 import importlib.metadata
+import json
 import os
 import platform
 import re
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 import torch
+from hydra.core.hydra_config import HydraConfig
 
 from training.atomic import atomic_file
 from training.distributed import DistributedContext, all_gather_objects
@@ -83,15 +85,32 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
+def imported_source(root: Path = PROJECT_ROOT) -> dict[str, str]:
+    """{path relative to ``root``: sha256 of its bytes} for every module of the project this process imported:
+    the code that trains, whether or not git knows it (a copy without ``.git``, an edited file)."""
+    files = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str) or not path.endswith(".py") or not os.path.isabs(path):
+            continue  # built in, compiled, or a namespace whose __file__ names no file (torch's "_ops.py")
+        path = Path(path).resolve()
+        if path.is_relative_to(root) and path.is_file():
+            files[path.relative_to(root).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return dict(sorted(files.items()))
+
+
 def rank_code(code: dict) -> dict:
-    """What each rank reports of its code: the commit and a digest of its uncommitted change."""
-    diff = code["diff"]
+    """What each rank reports of its code: the commit, a digest of its uncommitted change, and the source files
+    it imported (:func:`imported_source`) with one digest over them all."""
+    diff, source = code["diff"], imported_source()
     return {"host": socket.gethostname(), "commit": code["commit"],
-            "diff_sha256": hashlib.sha256(diff).hexdigest() if diff else None}
+            "diff_sha256": hashlib.sha256(diff).hexdigest() if diff else None,
+            "source_sha256": hashlib.sha256(json.dumps(source).encode()).hexdigest(), "source": source}
 
 
 def check_same_code(ranks: list[dict]) -> None:
-    """Raise :class:`DifferentCodeOnRanks` when ranks that know their commit report different code.
+    """Raise :class:`DifferentCodeOnRanks` when the ranks report different code: another commit or uncommitted
+    change where git knows it, or other source files imported, which also catches a copy without ``.git``.
 
     Each rank steps its own optimizer on all-reduced gradients: different code on two nodes would train a model
     whose copies drift apart, with nothing to show for it but a worse loss.
@@ -106,6 +125,28 @@ def check_same_code(ranks: list[dict]) -> None:
                  for (commit, digest), members in versions.items()]
         raise DifferentCodeOnRanks("the ranks of this job run different code:\n  " + "\n  ".join(lines)
                                    + "\ncheck out the same commit, without local changes, on every node")
+    reference = ranks[0]["source"]
+    for rank, report in enumerate(ranks[1:], start=1):
+        # Files that both imported: a module one rank alone has loaded by now (lazily) differs in nothing.
+        differ = sorted(name for name in reference.keys() & report["source"].keys()
+                        if reference[name] != report["source"][name])
+        if differ:
+            raise DifferentCodeOnRanks(
+                f"the ranks of this job run different code: rank {rank} ({report['host']}) imported other source "
+                f"files than rank 0 ({ranks[0]['host']}): {', '.join(differ)}\ncopy the same code to every node "
+                f"(commit {ranks[0]['commit'] or 'unknown'} on rank 0, {report['commit'] or 'unknown'} on rank {rank})")
+
+
+def launch_command() -> dict:
+    """How this run was started: its Hydra overrides (a sweep point's own, wherever Hydra runs it: not the
+    ``.submitit/%j`` folder that submitit's wrapper gets as its argument) and, under torchrun, torchrun's command
+    line (the worker's parent, read from /proc: None where there is none)."""
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else sys.argv[1:]
+    torchrun = None
+    agent = Path(f"/proc/{os.getppid()}/cmdline")
+    if "TORCHELASTIC_RUN_ID" in os.environ and agent.is_file():
+        torchrun = [os.fsdecode(arg) for arg in agent.read_bytes().split(b"\0") if arg]
+    return {"command": overrides, "torchrun": torchrun}
 
 
 def patch_files(run_dir: Path) -> list[Path]:
@@ -132,7 +173,8 @@ def launch_record(run_dir: Path, step: int, code: dict, ranks: list[dict], devic
             f.write(code["diff"])
         patch = str(path.relative_to(run_dir))
     return {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": sys.argv[1:], "commit": code["commit"], "patch": patch,
+            **launch_command(), "commit": code["commit"], "patch": patch,
+            "source_sha256": ranks[0]["source_sha256"],
             "untracked": code["untracked"][:MAX_UNTRACKED_NAMES], "untracked_count": len(code["untracked"]),
             "versions": library_versions(),
             "device": device_name(device), "world_size": len(ranks),

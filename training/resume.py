@@ -25,7 +25,7 @@ STATE_DEFINING_KEYS = {
     "optimizer.memory_efficient": "the MARS-M variant and its state",
 }
 # Keys that only say how this launch resumes: not a change of the run's settings.
-LAUNCH_KEYS = {"train.resume", "train.overwrite"}
+LAUNCH_KEYS = {"train.resume", "train.overwrite", "train.distributed_timeout_s"}
 
 
 class ResumeRefused(ValueError):

@@ -99,14 +99,29 @@ def test_a_copy_that_is_not_the_top_of_a_checkout_reports_no_commit(checkout, tm
     assert describe_launch(launch).startswith("code: commit unknown")
 
 
-def report(commit, diff_sha256=None, host="node0"):
-    return {"host": host, "commit": commit, "diff_sha256": diff_sha256}
+def report(commit, diff_sha256=None, host="node0", source=None):
+    source = source or {"train.py": "1" * 64}
+    return {"host": host, "commit": commit, "diff_sha256": diff_sha256, "source": source,
+            "source_sha256": str(sorted(source.items()))}
 
 
 def test_ranks_on_one_commit_without_changes_or_with_the_same_changes_may_train():
     check_same_code([report("a" * 40), report("a" * 40, host="node1")])
     check_same_code([report("a" * 40, "d" * 64), report("a" * 40, "d" * 64, host="node1")])
-    check_same_code([report("a" * 40), report(None, host="node1")])  # a rank that cannot tell is not a mismatch
+    check_same_code([report("a" * 40), report(None, host="node1")])  # the same files, without git on node1
+
+
+def test_a_module_one_rank_alone_has_imported_yet_is_no_difference():
+    check_same_code([report("a" * 40), report("a" * 40, source={"train.py": "1" * 64, "mars/muon.py": "3" * 64})])
+
+
+def test_ranks_importing_different_source_files_stop_naming_the_files():
+    # node1 holds a copy without .git (no commit) with one file changed: only the files tell.
+    ours = report("a" * 40, source={"train.py": "1" * 64, "training/schedule.py": "2" * 64})
+    other = report(None, host="node1", source={"train.py": "1" * 64, "training/schedule.py": "4" * 64})
+    with pytest.raises(DifferentCodeOnRanks, match=r"rank 1 \(node1\) imported other source files than rank 0 "
+                                                   r"\(node0\): training/schedule.py"):
+        check_same_code([ours, other])
 
 
 @pytest.mark.parametrize("other", [report("b" * 40, host="node1"), report("a" * 40, "d" * 64, host="node1")])

@@ -75,9 +75,10 @@ def test_sigkill_at_an_arbitrary_step_then_resume_reproduces_the_uninterrupted_l
 
 
 @pytest.mark.slow
-def test_sigterm_checkpoints_the_current_step_and_stops_cleanly(tmp_path, uninterrupted):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR2])  # SIGUSR2: submitit's timeout signal
+def test_sigterm_checkpoints_the_current_step_and_stops_cleanly(tmp_path, uninterrupted, signum):
     process = start_and_wait_for_step(tmp_path, 5)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signum)
     assert process.wait(timeout=120) == 0
     _, checkpoint = latest_checkpoint(tmp_path, "cpu")
     last_step = max(train_losses(read_metrics(tmp_path)))

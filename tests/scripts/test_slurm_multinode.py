@@ -1,0 +1,64 @@
+"""scripts/slurm_multinode.sbatch in a fake SLURM allocation: srun runs its command once, torchrun reports its
+arguments."""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_TOOLS = {
+    # More hosts than a pipe holds: a reader that stops after the first line would end scontrol with SIGPIPE.
+    "scontrol": 'echo "${SLURM_JOB_NODELIST%%,*}"; printf "other-node%d\\n" $(seq 100000)\n',
+    "srun": 'exec "$@"\n',
+    "torchrun": 'printf "%s\\n" "$@" > "$TORCHRUN_ARGS"\n',
+}
+
+
+def launch(tmp_path: Path, job_id: str, **env: str) -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, body in FAKE_TOOLS.items():
+        (bin_dir / name).write_text("#!/usr/bin/env bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    slurm = {"SLURM_SUBMIT_DIR": str(REPO), "SLURM_JOB_ID": job_id, "SLURM_JOB_NUM_NODES": "2",
+             "SLURM_JOB_NODELIST": "gpu07,gpu08", "TORCHRUN_ARGS": str(tmp_path / f"args_{job_id}")}
+    base = {key: value for key, value in os.environ.items() if not key.startswith("SLURM_") and
+            key != "GPUS_PER_NODE"}
+    return subprocess.run(["bash", str(REPO / "scripts/slurm_multinode.sbatch"), "optimizer=adamw"],
+                          env={**base, **slurm, **env, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+                          capture_output=True, text=True, timeout=60)
+
+
+def torchrun_args(tmp_path: Path, job_id: str) -> list[str]:
+    return (tmp_path / f"args_{job_id}").read_text().splitlines()
+
+
+def test_each_node_runs_one_process_per_gpu_that_slurm_granted(tmp_path):
+    result = launch(tmp_path, "4242", SLURM_GPUS_ON_NODE="4")
+    assert result.returncode == 0, result.stderr
+    args = torchrun_args(tmp_path, "4242")
+    assert "--nproc_per_node=4" in args and "--nnodes=2" in args
+    assert args[-3:] == ["hydra.run.dir=outputs/slurm-4242", "train.resume=true", "optimizer=adamw"]
+
+
+def test_two_jobs_on_one_head_node_meet_at_different_rendezvous_ports(tmp_path):
+    for job_id in ("4242", "4243"):
+        assert launch(tmp_path, job_id, SLURM_GPUS_ON_NODE="8").returncode == 0
+    endpoints = [next(a for a in torchrun_args(tmp_path, job) if a.startswith("--rdzv_endpoint="))
+                 for job in ("4242", "4243")]
+    assert endpoints[0].startswith("--rdzv_endpoint=gpu07:") and endpoints[0] != endpoints[1]
+    assert all(15000 <= int(endpoint.rsplit(":", 1)[1]) < 30000 for endpoint in endpoints)
+
+
+def test_a_job_granted_no_gpus_stops_saying_how_to_ask_for_them(tmp_path):
+    result = launch(tmp_path, "4242")
+    assert result.returncode == 1
+    assert "SLURM_GPUS_ON_NODE is unset" in result.stderr and not (tmp_path / "args_4242").exists()
+
+
+@pytest.mark.parametrize("granted", ["2", None])
+def test_gpus_per_node_overrides_what_slurm_granted(tmp_path, granted):
+    env = {"GPUS_PER_NODE": "1", **({"SLURM_GPUS_ON_NODE": granted} if granted else {})}
+    assert launch(tmp_path, "4242", **env).returncode == 0
+    assert "--nproc_per_node=1" in torchrun_args(tmp_path, "4242")
