@@ -35,9 +35,10 @@ from training.optimizers import build_optimizer, full_state_dict, local_optimize
 from training.runtime import (autocast_context, peak_flops, resolve_device, resolve_dtype, rng_state,
                               seed_everything, set_rng_state, set_tf32)
 from training.schedule import apply_schedule
+from training.validation import validation_losses
 
 log = logging.getLogger("train")
-VAL_SEED = 0  # fixed: every run of a setting, whatever its seed, is evaluated on the same windows
+VAL_SEED = 0  # every run of a setting, whatever its seed, is evaluated on the same windows (training/validation.py)
 register_configs()
 
 
@@ -81,25 +82,6 @@ def read_step_scalars(loss: torch.Tensor, grad_norm: torch.Tensor, lookahead_nor
     loss_sum, preempting_ranks, grad_norm, lookahead_norm = torch.cat(
         [summed, torch.stack([grad_norm, lookahead_norm]).double()]).tolist()
     return loss_sum / ctx.world_size, grad_norm, lookahead_norm, preempting_ranks > 0
-
-
-@torch.no_grad()
-def estimate_val_loss(model, batches: TokenBatches, eval_iters: int, autocast, ctx: DistributedContext) -> float:
-    """Mean loss over the same ``eval_iters`` validation batches at every evaluation (comparable curves).
-
-    The batches are shared out across ranks (global batch k*world_size + rank), so the result does not depend
-    on the number of processes.
-    """
-    model.eval()
-    total = torch.zeros((), device=batches.device)
-    local_batches = range(math.ceil((eval_iters - ctx.rank) / ctx.world_size))
-    for k in local_batches:
-        x, y = batches.batch(step=0, micro_step=k)
-        with autocast:
-            _, loss = model(x, y)
-        total += loss.float()
-    model.train()
-    return sum_across_ranks(total.item(), ctx) / eval_iters
 
 
 def schedule_changes(saved_train: dict, t) -> list[str]:
@@ -287,6 +269,8 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
     # What this launch reads: the tables tell two corpora (or two samples of one) apart by it, wherever they lie.
     data_read = {"train": train_batches.tokens.summary(), "val": val_batches.tokens.summary()}
     metrics.record_launch(start_step, "data", data_read)
+    metrics.record_launch(start_step, "evaluation", {"sampling": t.eval_sampling.value, "batches": t.eval_iters,
+                                                     "windows": t.eval_iters * t.batch_size})
     log.info("data %s: %s", cfg.data.name, " | ".join(
         f"{split} {read['tokens']:,} tokens in {read['shards']} shard(s)" for split, read in data_read.items())
         + (f" | made from {data_read['train']['source']}" if data_read["train"]["source"] else ""))
@@ -309,8 +293,8 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
                  "logits are never held", model.loss_chunk_size)
 
     def evaluate(step: int) -> None:
-        val_loss = estimate_val_loss(train_model, val_batches, t.eval_iters, autocast, ctx)
-        metrics.log({"step": step, "tokens": tokens_seen, "val/loss": val_loss})
+        losses = validation_losses(train_model, val_batches, t.eval_iters, t.eval_sampling, step, autocast, ctx)
+        metrics.log({"step": step, "tokens": tokens_seen, **losses})
 
     def evaluate_hellaswag(step: int) -> None:
         # Each rank scores every world_size-th item; the counts add up to the whole set's.

@@ -40,6 +40,13 @@ class Sampling(str, Enum):
     random_shard = "random_shard"
 
 
+class EvalSampling(str, Enum):
+    fixed = "fixed"  # the same windows at every evaluation: comparable curves, one draw of sampling noise
+    # New windows at every evaluation (the MARS authors' trainer): each evaluation's windows keyed by its step,
+    # so the best of many evaluations is the minimum of independent noisy estimates, as in the paper's table
+    fresh = "fresh"
+
+
 class WandbMode(str, Enum):
     online = "online"
     offline = "offline"
@@ -176,6 +183,8 @@ class TrainConfig:
     max_iters: int = 250
     eval_interval: int = 50
     eval_iters: int = 8
+    # fixed, or fresh: the paper presets, which also score the fixed windows (logged as val/loss_fixed)
+    eval_sampling: EvalSampling = EvalSampling.fixed
     log_interval: int = 10
     lr_schedule: LrSchedule = LrSchedule.cosine
     warmup_iters: int = 20
@@ -359,6 +368,9 @@ def validate(cfg) -> None:
         _require(t.min_lr <= o.adamw_lr, f"train.min_lr ({t.min_lr}) must not exceed optimizer.adamw_lr "
                  f"({o.adamw_lr}): both parts of Muon decay to train.min_lr")
     _require(o.weight_decay >= 0.0, f"optimizer.weight_decay must be >= 0, got {o.weight_decay}")
+    _require(t.eval_sampling == EvalSampling.fixed or cfg.data.sampling != Sampling.sequential,
+             "train.eval_sampling=fresh draws random validation windows, which data.sampling=sequential does not "
+             "serve: use train.eval_sampling=fixed, or data.sampling=random")
     _require(cfg.data.name != "custom" or cfg.data.dir is not None,
              "data=custom needs data.dir=/path/to/shards (made by `python -m data.prepare files ... --out DIR`)")
 

@@ -1,7 +1,8 @@
-"""Our optimizers beside the MARS authors' own optimizer files, step by step, on the CPU; and our GPT beside theirs.
+"""Our optimizers beside the MARS authors' own optimizer files, step by step, on the CPU or a GPU; and our GPT
+beside theirs.
 
     python -m scripts.check_against_authors --authors-dir /path/to/AGI-Arena-MARS-checkout [--steps 40]
-                                            [--only NAME ...] [--output-dir results]
+                                            [--only NAME ...] [--device cpu|cuda] [--output-dir results]
 
 The authors' code (github.com/AGI-Arena/MARS) is imported from ``--authors-dir`` at run time; this repository holds
 none of it. Each variant builds two optimizers over two copies of one toy GPT (their ``MARS/model.py``, every
@@ -13,8 +14,11 @@ are compared after every step. float32 parameters only: with bfloat16 ones their
 float32, by design.
 
 torch.compile is disabled for the whole run, so their ``@torch.compile``'d Newton-Schulz functions run eagerly, as
-ours do. Prints a table (bitwise after ``--steps`` steps, first differing step, largest difference) and writes it
-to ``<output-dir>/check_against_authors_cpu.{md,json}``, the JSON with every step's figures.
+ours do. ``--device cuda`` runs both sides on the GPU, and adds the variants on our Triton backend (the default of
+MARS on CUDA; on the CPU they run only under ``TRITON_INTERPRET=1``). Prints a table (bitwise after ``--steps``
+steps, first differing step, largest difference, and that difference relative to the largest change of any
+parameter over the run) and writes it to ``<output-dir>/check_against_authors_<device>.{md,json}``, the JSON with
+every step's figures.
 """
 import argparse
 import contextlib
@@ -37,6 +41,7 @@ from torch import nn
 
 from configs.compose import compose_config
 from configs.schema import LrSchedule
+from mars.optimizer import available_backends
 from model import GPT, GPTConfig
 from scripts.bench_report import run_record, write_report
 from training.optimizers import build_optimizer
@@ -101,8 +106,9 @@ class CpuTorch(types.ModuleType):
         return torch.zeros(*args, **kwargs)
 
 
-def load_authors_code(authors_dir: Path) -> AuthorsCode:
-    """Their optimizer files, model and CombinedOptimizer, imported from a checkout of AGI-Arena/MARS."""
+def load_authors_code(authors_dir: Path, device: torch.device = torch.device("cpu")) -> AuthorsCode:
+    """Their optimizer files, model and CombinedOptimizer, imported from a checkout of AGI-Arena/MARS, for tensors
+    on ``device``."""
     check_authors_dir(authors_dir)
     if "WORLD_SIZE" in os.environ:
         raise SystemExit("WORLD_SIZE is set: their Muon would all-reduce across ranks (muon.py:69); run this "
@@ -121,7 +127,8 @@ def load_authors_code(authors_dir: Path) -> AuthorsCode:
         mars_m_efficient=load_module("authors_mars_m_efficient",
                                      authors_dir / "MARS_M" / "optimizers" / "mars_m_efficient.py"),
         moonlight=load_module("authors_moonlight", authors_dir / "MARS_M" / "optimizers" / "moonlight.py"))
-    authors.muon.torch = CpuTorch("torch")
+    if device.type == "cpu":
+        authors.muon.torch = CpuTorch("torch")
     return authors
 
 
@@ -176,7 +183,7 @@ def step_gradients(shapes: dict[str, torch.Size], step: int, kind: str) -> dict[
 
 def set_gradients(model: nn.Module, gradients: dict[str, torch.Tensor]) -> None:
     for name, param in model.named_parameters():
-        param.grad = gradients[name].clone()
+        param.grad = gradients[name].to(param.device, copy=True)
 
 
 def parameter_differences(ours: nn.Module, theirs: nn.Module) -> dict:
@@ -189,14 +196,18 @@ def parameter_differences(ours: nn.Module, theirs: nn.Module) -> dict:
 
 
 def compare_sides(ours: Side, theirs: Side, steps: int) -> list[dict]:
-    """Step both sides ``steps`` times on the same gradients; per step, each side's lr and how far they are apart."""
+    """Step both sides ``steps`` times on the same gradients; per step, each side's lr, how far they are apart, and
+    the largest change of any of our parameters since the start (what a difference is relative to)."""
     shapes = {name: param.shape for name, param in ours.model.named_parameters()}
+    initial = {name: param.detach().clone() for name, param in ours.model.named_parameters()}
     rows = []
     for step in range(steps):
         gradients, lookahead = step_gradients(shapes, step, "step"), step_gradients(shapes, step, "look-ahead")
         our_lr = ours.take_step(step, gradients, lookahead)
         their_lr = theirs.take_step(step, gradients, lookahead)
-        rows.append({"step": step, "our_lr": our_lr, "their_lr": their_lr,
+        travelled = max((param.double() - initial[name].double()).abs().max().item()
+                        for name, param in ours.model.named_parameters())
+        rows.append({"step": step, "our_lr": our_lr, "their_lr": their_lr, "travelled": travelled,
                      **parameter_differences(ours.model, theirs.model)})
     return rows
 
@@ -205,7 +216,8 @@ def summarise(rows: list[dict]) -> dict:
     first = next((row for row in rows if not row["bitwise"]), None)
     return {"bitwise": first is None, "first_differing_step": None if first is None else first["step"],
             "first_differing_tensors": [] if first is None else first["differing"],
-            "max_abs_diff": max(row["max_abs_diff"] for row in rows)}
+            "max_abs_diff": max(row["max_abs_diff"] for row in rows),
+            "max_rel_diff": max(row["max_abs_diff"] / row["travelled"] if row["travelled"] else 0.0 for row in rows)}
 
 
 def without_tensor_names(rows: list[dict]) -> list[dict]:
@@ -267,7 +279,8 @@ def their_mars(authors: AuthorsCode, model: nn.Module, window: dict, *, mars_typ
     if amsgrad:  # an argument of their MARS that no trainer of theirs sets
         settings["amsgrad"] = True
     peak_lr = 6e-3
-    optimizer = model.configure_optimizers("mars", 1e-2, peak_lr, (0.95, 0.99), "cpu", settings)
+    device_type = next(model.parameters()).device.type
+    optimizer = model.configure_optimizers("mars", 1e-2, peak_lr, (0.95, 0.99), device_type, settings)
     return Side(model, optimizer, set_group_lrs(optimizer, peak_lr, window), **exact_scheme_calls(optimizer, is_approx))
 
 
@@ -374,11 +387,12 @@ class Variant:
 
 def mars_variants() -> list[Variant]:
     """MARS-AdamW, -Lion and -Shampoo, approximate and exact, on our reference backend and on the torch one (the
-    CPU default); and amsgrad on the reference backend."""
+    CPU default); MARS-AdamW and -Lion also on the Triton one (the CUDA default); and amsgrad on the reference
+    backend."""
     variants = []
     for mars_type in ("mars-adamw", "mars-lion", "mars-shampoo"):
         for scheme in ("approx", "exact"):
-            for backend in ("reference", "torch"):
+            for backend in ("reference", "torch") + (("triton",) if mars_type != "mars-shampoo" else ()):
                 variants.append(Variant(
                     f"{mars_type}-{scheme}-{backend}", f"owt-gpt2-small-50b-mars-{scheme}",
                     (f"optimizer.mars_type={mars_type}", f"optimizer.backend={backend}"),
@@ -405,11 +419,18 @@ def matrix_variants() -> list[Variant]:
 VARIANTS = mars_variants() + matrix_variants()
 
 
-def run_variant(variant: Variant, authors: AuthorsCode, steps: int) -> list[dict]:
-    """Our optimizer and theirs for ``variant``, compared after each of ``steps`` steps."""
+def runs_on(variant: Variant, device: torch.device) -> bool:
+    """Whether our side of ``variant`` can run on ``device`` here (the Triton backend: CUDA, or TRITON_INTERPRET=1)."""
+    backend = next((o.split("=", 1)[1] for o in variant.overrides if o.startswith("optimizer.backend=")), "auto")
+    return backend == "auto" or backend in available_backends(device)
+
+
+def run_variant(variant: Variant, authors: AuthorsCode, steps: int,
+                device: torch.device = torch.device("cpu")) -> list[dict]:
+    """Our optimizer and theirs for ``variant``, on ``device``, compared after each of ``steps`` steps."""
     window = lr_window(steps)
     with contextlib.redirect_stdout(io.StringIO()):  # their constructors print parameter counts
-        base = tiny_model(authors.model.GPT, authors.model.GPTConfig)
+        base = tiny_model(authors.model.GPT, authors.model.GPTConfig).to(device)
         theirs = variant.build_theirs(authors, copy.deepcopy(base), window)
     ours = our_side(variant, copy.deepcopy(base), window)
     return compare_sides(ours, theirs, steps)
@@ -421,19 +442,22 @@ def format_difference(difference: float) -> str:
 
 
 def markdown_table(summaries: dict[str, dict], steps: int) -> str:
-    lines = [f"| variant | bitwise after {steps} steps | first differing step | max abs diff |",
-             "|---|---|---:|---:|"]
+    lines = [f"| variant | bitwise after {steps} steps | first differing step | max abs diff | relative |",
+             "|---|---|---:|---:|---:|"]
     for name, summary in summaries.items():
         first = summary["first_differing_step"]
         lines.append(f"| {name} | {'yes' if summary['bitwise'] else 'no'} | {'-' if first is None else first} "
-                     f"| {format_difference(summary['max_abs_diff'])} |")
+                     f"| {format_difference(summary['max_abs_diff'])} "
+                     f"| {format_difference(summary['max_rel_diff'])} |")
     return "\n".join(lines)
 
 
-def setup_notes(authors_dir: Path, commit: str | None) -> str:
-    """What the table is of: the authors' checkout, the compile switch, our presets' settings, the step numbers."""
+def setup_notes(authors_dir: Path, commit: str | None, device: torch.device) -> str:
+    """What the table is of: the authors' checkout, the device, the compile switch, our presets' settings, the step
+    numbers."""
     checkout = f"commit {commit}" if commit else "not a git work tree"
-    return (f"Authors' code imported from `{authors_dir}` ({checkout}). torch.compile disabled: their "
+    return (f"Authors' code imported from `{authors_dir}` ({checkout}), both sides on {device.type}. relative: the "
+            f"max abs diff over the largest change of any parameter since the start. torch.compile disabled: their "
             f"`@torch.compile`'d Newton-Schulz functions run eagerly. Ours: build_optimizer on the GPT-2 small "
             f"presets with `{NS_DTYPE}` (auto's choice on CUDA); MARS backend `torch` is our CPU default. float32 "
             f"parameters of a toy GPT, the same gradients and learning rates on both sides; steps counted from 0 "
@@ -447,26 +471,35 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=40, help="steps per variant, compared after each")
     parser.add_argument("--only", nargs="+", choices=[variant.name for variant in VARIANTS], metavar="NAME",
                         help="these variants only, in this order (default: all)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where both sides run; cuda adds the variants on our Triton backend")
     parser.add_argument("--output-dir", type=Path, default=Path("results"))
     args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here; run on a GPU machine or use --device cpu")
     if args.steps < WARMUP_STEPS + 3:
         parser.error(f"--steps must be at least {WARMUP_STEPS + 3}: warmup, cosine decay and min_lr each get steps")
-    variants = [next(v for v in VARIANTS if v.name == name) for name in args.only] if args.only else VARIANTS
+    variants = ([next(v for v in VARIANTS if v.name == name) for name in args.only] if args.only
+                else [variant for variant in VARIANTS if runs_on(variant, device)])
+    unable = [variant.name for variant in variants if not runs_on(variant, device)]
+    if unable:
+        parser.error(f"{', '.join(unable)} need Triton on {device.type}: use --device cuda, or TRITON_INTERPRET=1")
     torch.set_num_threads(1)  # the same reductions every run, whatever the machine's cores
     with torch._dynamo.config.patch(disable=True), warnings.catch_warnings():
         # their mars.py:38 calls add(Number, Tensor), an overload torch warns is deprecated
         warnings.filterwarnings("ignore", message="This overload of add is deprecated", category=UserWarning)
-        authors = load_authors_code(args.authors_dir)
-        per_step = {variant.name: run_variant(variant, authors, args.steps) for variant in variants}
+        authors = load_authors_code(args.authors_dir, device)
+        per_step = {variant.name: run_variant(variant, authors, args.steps, device) for variant in variants}
         model = compare_models(authors)
     summaries = {name: summarise(rows) for name, rows in per_step.items()}
     commit = checkout_commit(args.authors_dir)
-    record = run_record("check_against_authors", argv, torch.device("cpu"), steps=args.steps,
+    record = run_record("check_against_authors", argv, device, steps=args.steps,
                         authors_dir=str(args.authors_dir), authors_commit=commit, torch_compile="disabled",
                         ns_dtype="bfloat16", model=model, summaries=summaries,
                         per_step={name: without_tensor_names(rows) for name, rows in per_step.items()})
-    write_report(args.output_dir, "check_against_authors_cpu", "Our optimizers beside the MARS authors' files",
-                 record, "\n\n".join([setup_notes(args.authors_dir, commit), model_paragraph(model),
+    write_report(args.output_dir, f"check_against_authors_{device.type}", "Our optimizers beside the MARS authors' "
+                 "files", record, "\n\n".join([setup_notes(args.authors_dir, commit, device), model_paragraph(model),
                                         markdown_table(summaries, args.steps)]))
 
 

@@ -195,8 +195,8 @@ def group_order(corpus: str, model: str, budget: float, optimizer: str) -> tuple
 def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
     lines = ["### Every setting (seeds averaged; the best setting of each optimizer is the one in the table above; "
              "within first B: the best validation loss within the first B tokens of these runs)",
-             "", "| corpus | model | tokens | optimizer | lr | gamma | seeds | best val loss | sd | within first B | "
-             "runs | code |", "|---|---|---:|---|---:|---:|---:|---:|---:|---|---|---|"]
+             "", "| corpus | model | tokens | optimizer | lr | gamma | seeds | best val loss | sd | fixed windows | "
+             "within first B | runs | code |", "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
     any_stopped = any_mixed_code = False
     for (corpus, model, budget, optimizer), settings in sorted(groups.items(), key=lambda item: group_order(*item[0])):
         budgets = budget_columns(groups, corpus)
@@ -206,6 +206,8 @@ def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
             mark = STOPPED if setting.stopped_runs else ""
             any_stopped |= bool(mark)
             best = f"{statistics.fmean(losses):.3f}{mark}" if losses else MISSING
+            fixed = setting.mean_best_val_loss_fixed
+            fixed = MISSING if fixed is None else f"{fixed:.3f}{mark}"
             lr = f"{run.lr:g}" if run.lr is not None else MISSING
             gamma = f"{run.gamma:g}" if run.gamma is not None else MISSING
             within = ", ".join(f"{tokens_label(b)}: {loss:.3f}"
@@ -215,8 +217,11 @@ def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
             any_mixed_code |= len(setting.code) > 1
             lines.append(f"| {display_corpus(corpus)} | {display_model(model)} | {tokens_label(budget)} | "
                          f"{display_optimizer(optimizer)} | {lr} | {gamma} | {len(setting.runs)} | {best} | "
-                         f"{spread} | {within} | {names} | {', '.join(setting.code) or MISSING} |")
-    lines += ["", "code: the commit each launch of the runs ran (train.py logs it), + where it ran uncommitted changes "
+                         f"{spread} | {fixed} | {within} | {names} | {', '.join(setting.code) or MISSING} |")
+    lines += ["", "best val loss: by each run's procedure (train.eval_sampling; the paper presets: new windows at "
+              "every evaluation, as the authors, the figure to compare with the paper); fixed windows: the best on the "
+              "same windows at every evaluation, which every run scores.",
+              "", "code: the commit each launch of the runs ran (train.py logs it), + where it ran uncommitted changes "
               "(saved in the run's code/ directory), – where not logged."]
     if any_mixed_code:
         lines.append("Settings with more than one code version ran them in different seeds or launches: check "

@@ -44,11 +44,11 @@ OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon", "mars-exact": "MARS-exact",
 # Optimizer keys whose default changed when they joined the schema: a run saved before ran the old behaviour.
 RAN_BEFORE_THE_KEY_EXISTED = {"muon": {"adamw_variant": "torch", "update_dtype": "float32"}}
 # The training settings that change what a run computes, or the figure the table reads off it (the best of
-# evaluations every eval_interval steps, each over eval_iters batches); the rest (seed, device, paths, logging)
-# do not.
+# evaluations every eval_interval steps, each over eval_iters batches, on fixed or fresh windows); the rest
+# (seed, device, paths, logging) do not.
 SETTING_KEYS = ("batch_size", "block_size", "grad_accum_steps", "max_iters", "lr_schedule", "warmup_iters",
                 "decay_iters", "decay_fraction", "min_lr", "grad_clip", "grad_multiplier", "dtype", "tf32",
-                "eval_interval", "eval_iters")
+                "eval_interval", "eval_iters", "eval_sampling")
 
 
 @dataclass
@@ -74,6 +74,16 @@ class Run:
     @property
     def best_val_loss(self) -> float | None:
         losses = [r["val/loss"] for r in self.evaluations]
+        return min(losses) if losses else None
+
+    @property
+    def best_val_loss_fixed(self) -> float | None:
+        """The best validation loss on the fixed windows: ``val/loss_fixed`` of a run evaluated on fresh windows
+        (train.eval_sampling=fresh, the paper's procedure), ``val/loss`` of one evaluated on fixed windows; None
+        for a run that logged no such figure."""
+        fresh = self.config.get("train", {}).get("eval_sampling") == "fresh"
+        losses = [r["val/loss_fixed"] if fresh else r["val/loss"] for r in self.evaluations
+                  if not fresh or "val/loss_fixed" in r]
         return min(losses) if losses else None
 
     @property
@@ -333,6 +343,11 @@ class Setting:
     @property
     def best_val_losses(self) -> list[float]:
         return [run.best_val_loss for run in self.runs if run.best_val_loss is not None]
+
+    @property
+    def mean_best_val_loss_fixed(self) -> float | None:
+        losses = [run.best_val_loss_fixed for run in self.runs if run.best_val_loss_fixed is not None]
+        return statistics.fmean(losses) if losses else None
 
     @property
     def mean_best_val_loss(self) -> float:

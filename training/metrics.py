@@ -9,9 +9,10 @@ from training.atomic import atomic_file
 log = logging.getLogger("train")
 
 METRICS_FILE = "metrics.jsonl"
-LAUNCH_KEYS = {"resumed_from", "data", "launch"}  # records a launch writes at its first step, before it trains
+# Records a launch writes at its first step, before it trains.
+LAUNCH_KEYS = {"resumed_from", "data", "evaluation", "launch"}
 # Where a launch record goes in the wandb run's config.
-WANDB_LAUNCH_KEYS = {"data": "data_read", "launch": "launch"}
+WANDB_LAUNCH_KEYS = {"data": "data_read", "evaluation": "evaluation", "launch": "launch"}
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -31,8 +32,9 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 def format_record(record: dict) -> str:
     parts = [f"step {record['step']}"]
-    for key, fmt in (("train/loss", ".4f"), ("val/loss", ".4f"), ("lr", ".2e"), ("grad_norm", ".3f"),
-                     ("clipped", ".0%"), ("tokens", ",d"), ("tokens_per_s", ",.0f"), ("step_ms", ".1f"), ("mfu", ".1%"),
+    for key, fmt in (("train/loss", ".4f"), ("val/loss", ".4f"), ("val/loss_fixed", ".4f"), ("lr", ".2e"),
+                     ("grad_norm", ".3f"), ("clipped", ".0%"), ("tokens", ",d"), ("tokens_per_s", ",.0f"),
+                     ("step_ms", ".1f"), ("mfu", ".1%"),
                      ("peak_memory_gb", ".2f"), ("skipped_steps", "d"), ("hellaswag/acc_norm", ".3f")):
         if record.get(key) is not None:
             parts.append(f"{key} {record[key]:{fmt}}")

@@ -6,9 +6,12 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from configs.schema import ConfigError, grad_accum_steps_for, register_configs, validate
 from data.corpora import data_root
+from tests.configs.authors_runs import OURS, OURS_BY_OPTIMIZER, RUNS, authors_settings
+from training.resume import flat_items
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 PRESETS = sorted(path.stem for path in (CONFIG_DIR / "experiment").glob("*.yaml"))
@@ -59,83 +62,63 @@ def test_preset_validates_and_runs_what_its_name_says(name):
     assert cfg.wandb.run_name == name
 
 
-@pytest.mark.parametrize("name", PRESETS)
-def test_preset_keeps_the_authors_fixed_settings(name):
-    cfg = load(f"experiment={name}")
-    m, t = cfg.model, cfg.train
-    assert (m.bias, m.dropout, m.block_size, t.block_size) == (False, 0.0, 1024, 1024)
-    if cfg.optimizer.name in ("adamw", "mars", "muon"):  # MARS-M and Moonlight decay every tensor, as theirs
-        assert cfg.optimizer.decay_embeddings is False
-    # Their model's tanh GELU (MARS/model.py:20-25) and TF32 (MARS/train_mars.py:127-128).
-    assert (m.activation, m.scale_attn_by_inverse_layer_idx, t.tf32) == ("gelu_tanh", True, True)
-    assert (t.lr_schedule.value, t.warmup_iters, t.decay_iters, t.grad_clip) == ("cosine", 2000, None, 1.0)
-    # 480 sequences of 1024 tokens per step: 491,520 tokens, as in the authors' scripts on 8 GPUs.
-    assert t.global_batch_size == 480
-    # Their OpenWebText batches: windows anywhere in train.bin (MARS/train_mars.py); FineWeb-Edu: one shard per
-    # micro-batch, picked uniformly (MARS/train_mars_fw.py:141-149, MARS_M/train_mars_m_fw.py:141 alike).
-    assert cfg.data.sampling.value == ("random_shard" if name.startswith("fwe") else "random")
-    # Their initial weights: torch.manual_seed(5000 + rank) on every rank, rank 0's broadcast by DDP
-    # (MARS/train_mars.py:126, MARS_M/train_mars_m.py:124); our model draws in their order from train.seed.
-    assert t.seed == 5000
-
-
-# The authors' config/train_gpt2_<size>_<optimizer>.py and their README's hyperparameter table.
-AUTHORS = {
-    ("small", "adamw"): dict(lr=6e-4, weight_decay=0.1, betas=[0.9, 0.95], min_lr=3e-5, batch=(15, 4)),
-    ("medium", "adamw"): dict(lr=3e-4, weight_decay=0.1, betas=[0.9, 0.95], min_lr=6e-5, batch=(15, 4)),
-    ("large", "adamw"): dict(lr=2e-4, weight_decay=0.1, betas=[0.9, 0.95], min_lr=1e-5, batch=(5, 12)),
-    ("xl", "adamw"): dict(lr=2e-4, weight_decay=0.1, betas=[0.9, 0.95], min_lr=1e-5, batch=(5, 12)),
-    ("small", "muon"): dict(lr=2e-2, weight_decay=0.0, adamw_lr=3e-3, adamw_weight_decay=0.1, min_lr=3e-5,
-                            batch=(15, 4)),
-    ("medium", "muon"): dict(lr=1e-2, weight_decay=0.0, adamw_lr=1.5e-3, adamw_weight_decay=0.1, min_lr=6e-5,
-                             batch=(15, 4)),
-    ("large", "muon"): dict(lr=6.67e-3, weight_decay=0.0, adamw_lr=1e-3, adamw_weight_decay=0.1, min_lr=1e-5,
-                            batch=(5, 12)),
-    ("small", "mars"): dict(lr=6e-3, weight_decay=1e-2, betas=[0.95, 0.99], gamma=0.025, lr_1d=3e-3,
-                            weight_decay_1d=0.1, min_lr=3e-5, batch=(15, 4)),
-    ("medium", "mars"): dict(lr=3e-3, weight_decay=1e-2, betas=[0.95, 0.99], gamma=0.025, lr_1d=1.5e-3,
-                             weight_decay_1d=0.1, min_lr=6e-5, batch=(15, 4)),
-    ("large", "mars"): dict(lr=2e-3, weight_decay=1e-2, betas=[0.95, 0.99], gamma=0.025, lr_1d=1e-3,
-                            weight_decay_1d=0.1, min_lr=1e-5, batch=(5, 12)),
-    ("xl", "mars"): dict(lr=2e-3, weight_decay=1e-2, betas=[0.95, 0.99], gamma=0.025, lr_1d=1e-3,
-                         weight_decay_1d=0.1, min_lr=1e-5, batch=(5, 12)),
-    # MARS_M/config/train_gpt2_<size>_{mars_m,moonlight}.py: learning_rate, weight_decay, beta1, min_lr, gamma;
-    # the configs their scripts launch, where MARS_M/README.md:289-294 differs (README: MARS-M and Moonlight).
-    ("small", "mars-m"): dict(lr=6e-3, weight_decay=1e-2, momentum=0.95, gamma=0.025, clip_c=True, min_lr=3e-5,
-                              batch=(15, 4)),
-    ("medium", "mars-m"): dict(lr=5e-3, weight_decay=1e-2, momentum=0.95, gamma=0.025, clip_c=True, min_lr=6e-5,
-                               batch=(15, 4)),
-    ("large", "mars-m"): dict(lr=5e-3, weight_decay=1e-2, momentum=0.95, gamma=0.025, clip_c=True, min_lr=1e-5,
-                              batch=(5, 12)),
-    ("xl", "mars-m"): dict(lr=3e-3, weight_decay=1e-2, momentum=0.95, gamma=0.025, clip_c=True, min_lr=1e-5,
-                           batch=(5, 12)),
-    ("small", "moonlight"): dict(lr=6e-3, weight_decay=0.1, momentum=0.95, nesterov=True, min_lr=3e-5,
-                                 batch=(15, 4)),
-    ("medium", "moonlight"): dict(lr=5e-3, weight_decay=0.1, momentum=0.95, nesterov=True, min_lr=6e-5,
-                                  batch=(15, 4)),
-    ("large", "moonlight"): dict(lr=5e-3, weight_decay=0.1, momentum=0.95, nesterov=True, min_lr=1e-5,
-                                 batch=(5, 12)),
-    ("xl", "moonlight"): dict(lr=3e-3, weight_decay=0.1, momentum=0.95, nesterov=True, min_lr=1e-5,
-                              batch=(5, 12)),
-}
-
-
-@pytest.mark.parametrize("name", PRESETS)
-def test_preset_uses_the_authors_hyperparameters(name):
+def preset_expectation(name: str) -> dict[str, object]:
+    """Every key of the preset ``name``: the authors' run it reproduces (tests/configs/authors_runs.py), with
+    what the name changes, and our keys at the value every preset holds them."""
     parts = NAME.fullmatch(name)
-    optimizer = parts["optimizer"]
-    expected = dict(AUTHORS[parts["size"], optimizer if optimizer in ("mars-m", "moonlight") else optimizer.split("-")[0]])
-    cfg = load(f"experiment={name}")
-    # Per-GPU batch and accumulation on the authors' 8 GPUs.
-    batch_size, accumulation = expected.pop("batch")
-    assert (cfg.train.batch_size, grad_accum_steps_for(cfg.train, world_size=8)) == (batch_size, accumulation)
-    # Their loop sums the micro-batch gradients of each GPU without dividing (MARS/train_mars.py:378-391) and
-    # DDP averages the GPUs: the optimizer sees their accumulation steps times the mean gradient.
-    assert cfg.train.grad_multiplier == accumulation
-    assert cfg.train.min_lr == expected.pop("min_lr")
-    for key, value in expected.items():
-        actual = cfg.optimizer[key]
-        assert (list(actual) if key == "betas" else actual) == value, f"{name}: optimizer.{key}"
+    optimizer, corpus = parts["optimizer"], CORPORA[parts["corpus"]]
+    run = "mars" if optimizer in ("mars-approx", "mars-exact") else optimizer
+    expected = authors_settings(parts["size"], run, corpus)
+    if optimizer == "mars-exact":
+        expected["optimizer.is_approx"] = False  # their MARS run with --is_approx=False (MARS/train_mars.py:345)
+    if parts["billions"] != "50":
+        # Ours: separate runs whose schedule ends at the budget (their configs define only 100,000-step runs).
+        expected["train.max_iters"] = int(parts["billions"]) * 2000
+    expected |= {key: value for key, (value, _) in OURS.items()} | OURS_BY_OPTIMIZER[run]
+    expected["wandb.run_name"] = name
+    expected["data.dir"] = str(data_root() / "fineweb-edu-sample-100BT") if corpus == "fineweb-edu" else None
+    return expected
+
+
+def drift(name: str, *overrides: str) -> dict[str, tuple]:
+    """{key: (the preset's value, the expected one)} for every key where the composed preset and
+    ``preset_expectation`` differ, a key either lacks included."""
+    cfg = OmegaConf.to_container(load(f"experiment={name}", *overrides), resolve=True, enum_to_str=True)
+    if cfg["data"]["dir"] is not None:
+        cfg["data"]["dir"] = str(Path(cfg["data"]["dir"]).expanduser())
+    actual, expected = flat_items(cfg), preset_expectation(name)
+    missing = "(no such key)"
+    return {key: (actual.get(key, missing), expected.get(key, missing)) for key in actual.keys() | expected.keys()
+            if actual.get(key, missing) != expected.get(key, missing)}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_key_of_a_preset_is_the_authors_run_or_ours_by_design(name):
+    assert drift(name) == {}
+
+
+@pytest.mark.parametrize("override, key", [
+    ("train.eval_iters=100", "train.eval_iters"), ("train.eval_interval=2000", "train.eval_interval"),
+    ("train.eval_sampling=fixed", "train.eval_sampling"), ("train.compile=false", "train.compile"),
+    ("optimizer.optimize_1d=true", "optimizer.optimize_1d"), ("optimizer.betas_1d=[0.9,0.99]", "optimizer.betas_1d"),
+    ("optimizer.eps=1e-6", "optimizer.eps"), ("train.keep_checkpoints=3", "train.keep_checkpoints"),
+])
+def test_a_mars_preset_that_drifts_on_any_key_is_caught(override, key):
+    assert drift("owt-gpt2-small-50b-mars-approx", override).keys() == {key}
+
+
+@pytest.mark.parametrize("override, key", [
+    ("optimizer.momentum=0.9", "optimizer.momentum"), ("optimizer.ns_steps=6", "optimizer.ns_steps"),
+    ("optimizer.adamw_betas=[0.9,0.99]", "optimizer.adamw_betas"), ("optimizer.adamw_eps=1e-6", "optimizer.adamw_eps"),
+])
+def test_a_muon_preset_that_drifts_on_any_key_is_caught(override, key):
+    assert drift("owt-gpt2-large-20b-muon", override).keys() == {key}
+
+
+def test_the_transcription_covers_every_published_run_and_each_preset_reproduces_one():
+    assert len(RUNS) == 19  # AdamW and MARS at 4 sizes, Muon at 3, MARS-M and Moonlight at 4
+    reproduced = {(NAME.fullmatch(name)["size"], NAME.fullmatch(name)["optimizer"]) for name in PRESETS}
+    assert {(size, "mars" if o in ("mars-approx", "mars-exact") else o) for size, o in reproduced} <= RUNS.keys()
 
 
 def test_fineweb_presets_read_the_100b_sample_where_data_prepare_writes_it():

@@ -66,7 +66,7 @@ def test_each_of_our_variants_against_itself_is_bitwise_at_every_step(name):
     assert all(row["bitwise"] and row["max_abs_diff"] == 0.0 for row in rows)
     assert rows[-1]["our_lr"] == rows[-1]["their_lr"] > 0
     assert check.summarise(rows) == {"bitwise": True, "first_differing_step": None, "first_differing_tensors": [],
-                                     "max_abs_diff": 0.0}
+                                     "max_abs_diff": 0.0, "max_rel_diff": 0.0}
 
 
 @pytest.mark.parametrize("name", ["mars-adamw-exact-torch", "mars-m-exact"])
@@ -87,7 +87,9 @@ def test_a_learning_rate_perturbed_from_step_4_is_reported_as_differing_from_ste
     assert summary["first_differing_step"] == 4 and not summary["bitwise"]
     assert 0 < summary["max_abs_diff"] < 1e-3
     assert "transformer.h.0.attn.c_attn.weight" in summary["first_differing_tensors"] == rows[4]["differing"]
-    assert f"| {name} | no | 4 | {summary['max_abs_diff']:.1e} |" in check.markdown_table({name: summary}, STEPS)
+    assert 0 < summary["max_abs_diff"] / max(row["travelled"] for row in rows) <= summary["max_rel_diff"] < 1e-2
+    assert (f"| {name} | no | 4 | {summary['max_abs_diff']:.1e} | {summary['max_rel_diff']:.1e} |"
+            in check.markdown_table({name: summary}, STEPS))
 
 
 def test_the_gradients_clip_c_t_on_some_steps_and_not_on_others():
@@ -115,17 +117,19 @@ def test_main_writes_the_table_and_the_record_of_every_step(tmp_path, monkeypatc
     stand_in = replace(variant, build_theirs=lambda authors, model, window: check.our_side(variant, model, window))
     monkeypatch.setattr(check, "VARIANTS", [stand_in])
     monkeypatch.setattr(check, "load_authors_code",
-                        lambda authors_dir: SimpleNamespace(model=SimpleNamespace(GPT=GPT, GPTConfig=GPTConfig)))
+                        lambda authors_dir, device: SimpleNamespace(model=SimpleNamespace(GPT=GPT,
+                                                                                          GPTConfig=GPTConfig)))
     check.main(["--authors-dir", str(tmp_path), "--steps", str(STEPS), "--only", "mars-m-approx",
                 "--output-dir", str(tmp_path / "results")])
     table = (tmp_path / "results" / "check_against_authors_cpu.md").read_text()
-    assert "| mars-m-approx | yes | - | 0 |" in table
+    assert "| mars-m-approx | yes | - | 0 | 0 |" in table
     assert "torch.compile disabled" in table and "not a git work tree" in table
     record = json.loads((tmp_path / "results" / "check_against_authors_cpu.json").read_text())
     assert record["command"].startswith("python -m scripts.check_against_authors --authors-dir")
     assert record["authors_commit"] is None and record["steps"] == STEPS
     assert record["summaries"] == {"mars-m-approx": {"bitwise": True, "first_differing_step": None,
-                                                     "first_differing_tensors": [], "max_abs_diff": 0.0}}
+                                                     "first_differing_tensors": [], "max_abs_diff": 0.0,
+                                                     "max_rel_diff": 0.0}}
     assert len(record["per_step"]["mars-m-approx"]) == STEPS
     assert record["model"]["initial_weights_equal"] and "initial weights equal, tensor for tensor" in table
 
@@ -145,3 +149,32 @@ def test_a_model_that_draws_its_weights_otherwise_is_reported_naming_them():
 def test_too_few_steps_for_the_schedule_are_refused(tmp_path):
     with pytest.raises(SystemExit):
         check.main(["--authors-dir", str(tmp_path), "--steps", "5"])
+
+
+def test_the_triton_variants_run_where_our_triton_backend_does(tmp_path, monkeypatch):
+    # Under TRITON_INTERPRET=1 (tests/conftest.py) the CPU runs the kernels; their side stood in for by our
+    # reference backend, so the row is Triton's kernels against the reference rule, through main's wiring.
+    variant = VARIANTS["mars-lion-approx-triton"]
+    reference = replace(variant, overrides=("optimizer.mars_type=mars-lion", "optimizer.backend=reference"))
+    stand_in = replace(variant, build_theirs=lambda authors, model, window: check.our_side(reference, model, window))
+    monkeypatch.setattr(check, "VARIANTS", [stand_in])
+    monkeypatch.setattr(check, "load_authors_code",
+                        lambda authors_dir, device: SimpleNamespace(model=SimpleNamespace(GPT=GPT,
+                                                                                          GPTConfig=GPTConfig)))
+    check.main(["--authors-dir", str(tmp_path), "--steps", str(STEPS), "--output-dir", str(tmp_path / "results")])
+    record = json.loads((tmp_path / "results" / "check_against_authors_cpu.json").read_text())
+    assert list(record["summaries"]) == ["mars-lion-approx-triton"]
+    assert record["summaries"]["mars-lion-approx-triton"]["max_rel_diff"] < 1e-2
+    # Without the interpreter the CPU cannot run them: left out by default, refused when asked for.
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert not check.runs_on(variant, torch.device("cpu")) and check.runs_on(variant, torch.device("cuda"))
+    with pytest.raises(SystemExit):
+        check.main(["--authors-dir", str(tmp_path), "--only", "mars-lion-approx-triton"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is of a machine without a GPU")
+def test_asking_for_cuda_without_a_gpu_is_refused_in_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "scripts.check_against_authors", "--authors-dir", str(tmp_path),
+                             "--device", "cuda", "--output-dir", str(tmp_path / "results")],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--device cuda: torch sees no CUDA device here" in result.stderr

@@ -1,0 +1,56 @@
+"""Validation loss at an evaluation: which windows are scored, and the mean loss over them.
+
+Two procedures (``train.eval_sampling``):
+
+- ``fixed``: the same ``eval_iters`` batches at every evaluation, the windows of step 0. Curves are smooth and
+  the seeds of a setting are scored on one text.
+- ``fresh``: new windows at every evaluation, as the MARS authors' trainer draws them (``torch.randint`` on rank
+  0's generator at each call of ``estimate_loss``, ``MARS/train_mars.py:138-148, 235-248``). Theirs are the same
+  for every run of a setting (every run seeds 5000 and consumes the generator alike) and new at each evaluation;
+  ours are keyed by the evaluation's step, so a resumed run scores the windows the uninterrupted one would have.
+  The best of many such evaluations is the minimum of independent noisy estimates, as in the paper's table; a
+  run evaluated this way also scores the fixed windows, logged as ``val/loss_fixed``.
+
+Every window is drawn from the validation batches' generator, keyed independently of ``train.seed``, so the
+seeds of a setting (and every optimizer) are scored on the same windows at the same step.
+"""
+import math
+
+import torch
+
+from configs.schema import EvalSampling
+from data.loader import TokenBatches
+from training.distributed import DistributedContext, sum_across_ranks
+
+FIXED_WINDOWS_STEP = 0  # the fixed windows are those the validation generator draws for step 0
+
+
+@torch.no_grad()
+def estimate_val_loss(model, batches: TokenBatches, eval_iters: int, autocast, ctx: DistributedContext,
+                      window_step: int = FIXED_WINDOWS_STEP) -> float:
+    """Mean loss over the ``eval_iters`` validation batches that the generator draws for ``window_step``.
+
+    The batches are shared out across ranks (global batch k*world_size + rank), so the result does not depend
+    on the number of processes.
+    """
+    model.eval()
+    total = torch.zeros((), device=batches.device)
+    local_batches = range(math.ceil((eval_iters - ctx.rank) / ctx.world_size))
+    for k in local_batches:
+        x, y = batches.batch(step=window_step, micro_step=k)
+        with autocast:
+            _, loss = model(x, y)
+        total += loss.float()
+    model.train()
+    return sum_across_ranks(total.item(), ctx) / eval_iters
+
+
+def validation_losses(model, batches: TokenBatches, eval_iters: int, sampling: EvalSampling, step: int, autocast,
+                      ctx: DistributedContext) -> dict[str, float]:
+    """The evaluation's metrics: ``val/loss`` by the configured procedure, and ``val/loss_fixed`` besides when
+    that procedure is ``fresh``."""
+    fixed = estimate_val_loss(model, batches, eval_iters, autocast, ctx)
+    if EvalSampling(sampling) == EvalSampling.fixed:
+        return {"val/loss": fixed}
+    fresh = estimate_val_loss(model, batches, eval_iters, autocast, ctx, window_step=step)
+    return {"val/loss": fresh, "val/loss_fixed": fixed}
