@@ -50,6 +50,10 @@ def format_duration(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
+class WandbUnavailable(ValueError):
+    """wandb was asked for and cannot start; the message says how to log in or run without it."""
+
+
 class MetricsLogger:
     """Appends one JSON object per event to ``metrics.jsonl`` and mirrors it to wandb.
 
@@ -64,10 +68,17 @@ class MetricsLogger:
         if enabled and wandb_cfg.mode != WandbMode.disabled:
             import wandb
 
-            self.wandb_run = wandb.init(
-                project=wandb_cfg.project, entity=wandb_cfg.entity, name=run_name, config=config,
-                mode=wandb_cfg.mode.value, dir=str(run_dir), id=wandb_run_id, resume="allow",
-            )
+            try:
+                self.wandb_run = wandb.init(
+                    project=wandb_cfg.project, entity=wandb_cfg.entity, name=run_name, config=config,
+                    mode=wandb_cfg.mode.value, dir=str(run_dir), id=wandb_run_id, resume="allow",
+                )
+            except Exception as err:  # no credentials, no network, an unknown entity, a stray WANDB_* variable
+                reason = " ".join(str(err).split())[:300]
+                raise WandbUnavailable(
+                    f"wandb.mode={wandb_cfg.mode.value} could not start a wandb run ({reason}): log in with `wandb "
+                    "login` (or set WANDB_API_KEY), or run with wandb.mode=offline (upload later with `wandb sync`) "
+                    "or wandb.mode=disabled; metrics.jsonl is written either way") from None
 
     @property
     def wandb_run_id(self) -> str | None:

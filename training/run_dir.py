@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TextIO
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from training.atomic import TEMPORARY_SUFFIX
@@ -268,6 +269,35 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
         if kept is not None:
             log.warning("train.resume=true but %s has no checkpoint: the run starts from step 0, and the log of "
                         "the attempt before is kept as %s", run_dir, kept)
+
+
+class WritableRunDirectory(Callback):
+    """Hydra callback (configs/config.yaml): before Hydra creates the run or sweep directory and opens its log
+    file there, check that it can, and stop with one line if not (Hydra's own failure is a traceback)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        refuse_unwritable_directory(config, "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        refuse_unwritable_directory(config, "hydra.sweep.dir")
+
+
+def refuse_unwritable_directory(config: DictConfig, key: str) -> None:
+    """Create the directory ``key`` names and a file in it (the job log, which Hydra opens next), or exit."""
+    try:
+        directory = Path(OmegaConf.select(config, key))
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / HYDRA_LOG, "a"):
+            pass
+    except Exception as err:  # an OSError, or one met resolving the default directory (unique_run_dir)
+        cause = err
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        raise SystemExit(f"error: cannot write the run directory {Path(cause.filename).absolute()} "
+                         f"({cause.strerror}): set {key} to a writable directory, or fix the permissions (or "
+                         "space) of this one") from None
 
 
 def write_hydra_record(run_dir: Path, cfg: DictConfig) -> None:
