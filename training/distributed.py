@@ -1,11 +1,15 @@
 """Process-group setup for torchrun (NCCL on GPU, Gloo on CPU); a single process needs none of it."""
 import contextlib
 import gc
+import json
 import logging
 import os
+import time
 import traceback
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -19,6 +23,7 @@ import torch.distributed.nn  # noqa: F401
 from torch.nn.parallel import DistributedDataParallel
 
 log = logging.getLogger(__name__)
+QUIET_RANK_EXIT_DELAY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,27 @@ class DistributedContext:
 
 def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def stop_with_message(message: str, every_rank_meets_it: bool) -> NoReturn:
+    """Exit with ``message`` as the process's last line and a non-zero status.
+
+    Under torchrun, a fault that every rank meets alike (a refused config) is told once: by rank 0, which also
+    hands it to torchrun as the failure's root cause (shown in torchrun's summary instead of a pointer to its
+    docs); the other ranks exit quietly, a moment later, so that rank 0's line is out before torchrun stops the
+    workers that are left. A fault of one rank is told by that rank.
+    """
+    rank = int(os.environ["RANK"]) if launched_by_torchrun() else 0
+    if every_rank_meets_it and rank != 0:
+        time.sleep(QUIET_RANK_EXIT_DELAY_S)
+        raise SystemExit(1)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file and launched_by_torchrun():
+        with contextlib.suppress(OSError):  # the message on stderr is what matters
+            # torchrun's record format; py_callstack is what its summary shows
+            Path(error_file).write_text(json.dumps({"message": {"message": message, "extraInfo": {
+                "py_callstack": message, "timestamp": str(int(time.time()))}}}))
+    raise SystemExit(message)
 
 
 def init_distributed(device: torch.device) -> DistributedContext:

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from training.atomic import TEMPORARY_SUFFIX
 from training.checkpoint import UNREADABLE_SUFFIX, checkpoint_dir, checkpoint_files
+from training.distributed import stop_with_message
 from training.metrics import METRICS_FILE
 from training.provenance import patch_files
 
@@ -295,9 +296,9 @@ def refuse_unwritable_directory(config: DictConfig, key: str) -> None:
             cause = cause.__cause__ or cause.__context__
         if cause is None:
             raise
-        raise SystemExit(f"error: cannot write the run directory {Path(cause.filename).absolute()} "
-                         f"({cause.strerror}): set {key} to a writable directory, or fix the permissions (or "
-                         "space) of this one") from None
+        stop_with_message(f"error: cannot write the run directory {Path(cause.filename).absolute()} "
+                          f"({cause.strerror}): set {key} to a writable directory, or fix the permissions (or "
+                          "space) of this one", every_rank_meets_it=True)
 
 
 def write_hydra_record(run_dir: Path, cfg: DictConfig) -> None:
