@@ -3,8 +3,10 @@ cause and the fix: no traceback, a non-zero exit status, nothing saved lost. Eac
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -177,3 +179,27 @@ def test_a_default_run_directory_under_a_read_only_working_directory_is_refused(
                             cwd=read_only, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert_one_line(result, f"cannot write the run directory {read_only / 'outputs'}", "hydra.run.dir")
+
+
+def test_a_second_ctrl_c_stops_at_once_with_one_line_and_keeps_the_checkpoints(tmp_path):
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", *SMALL,
+                                "train.max_iters=100000", "train.checkpoint_interval=2", "train.log_interval=1",
+                                # steps long enough for the second signal to arrive during one
+                                "model.n_layer=4", "model.n_embd=256", "train.batch_size=8", "train.block_size=64"],
+                               cwd=REPO, env=environment({}), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    deadline = time.monotonic() + 300
+    while not list((run_dir / "checkpoints").glob("ckpt_*.pt")):
+        assert process.poll() is None and time.monotonic() < deadline, "the run wrote no checkpoint"
+        time.sleep(0.05)
+    saved = {path: path.read_bytes() for path in (run_dir / "checkpoints").glob("ckpt_*.pt")}
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.1)  # two separate signals, the first handled by then
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=300)
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    assert_one_line(result, "second Ctrl-C", "train.resume=true")
+    for path, content in saved.items():  # the first signal may add a checkpoint; none is lost or torn
+        assert path.read_bytes() == content
+    assert not list((run_dir / "checkpoints").glob("*.tmp"))
