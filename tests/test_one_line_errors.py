@@ -203,3 +203,9 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line_and_keeps_the_checkpoints(t
     for path, content in saved.items():  # the first signal may add a checkpoint; none is lost or torn
         assert path.read_bytes() == content
     assert not list((run_dir / "checkpoints").glob("*.tmp"))
+
+
+def test_launcher_variables_left_in_the_shell_are_named_with_how_to_clear_them(tmp_path):
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": None, "MASTER_ADDR": None, "MASTER_PORT": None}
+    assert_one_line(train(tmp_path / "run", env=env), "RANK=0 WORLD_SIZE=2",
+                    "LOCAL_RANK, MASTER_ADDR, MASTER_PORT unset", "unset RANK WORLD_SIZE")

@@ -71,6 +71,7 @@ def init_distributed(device: torch.device) -> DistributedContext:
     """Join the torchrun process group if there is one; on CUDA each process takes the GPU of its local rank."""
     if not launched_by_torchrun():
         return DistributedContext(device=device)
+    check_launcher_variables()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     if device.type == "cuda":
@@ -80,6 +81,22 @@ def init_distributed(device: torch.device) -> DistributedContext:
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, store=elastic_store(), rank=rank, world_size=world_size)
     return DistributedContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def check_launcher_variables() -> None:
+    """torchrun sets all of ``LAUNCHER_VARIABLES``; some of them alone are what an earlier launcher left in the
+    shell (an ``export RANK=0``), and would make a plain run wait for ranks that never come, or fail obscurely."""
+    missing = [name for name in LAUNCHER_VARIABLES if name not in os.environ]
+    malformed = [name for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
+                 if not os.environ.get(name, "0").isdigit()]
+    if missing or malformed:
+        present = " ".join(f"{name}={os.environ[name]}" for name in LAUNCHER_VARIABLES if name in os.environ)
+        problem = f"{', '.join(missing)} unset" if missing else f"{', '.join(malformed)} not a number"
+        raise ValueError(f"the environment holds {present} but {problem}: left over from an earlier launcher? "
+                         f"`unset {' '.join(LAUNCHER_VARIABLES)}` to train in one process, or launch with torchrun")
 
 
 def elastic_store() -> dist.Store | None:
