@@ -218,7 +218,8 @@ class TokenBatches:
 
     def __init__(self, tokens: ShardedTokens | np.ndarray, split: str, *, batch_size: int, block_size: int,
                  seed: int, sampling: Sampling | str = Sampling.random, grad_accum_steps: int = 1, rank: int = 0,
-                 world_size: int = 1, device: torch.device = torch.device("cpu"), vocab_size: int | None = None) -> None:
+                 world_size: int = 1, device: torch.device = torch.device("cpu"),
+                 vocab_size: int | None = None) -> None:
         if not isinstance(tokens, ShardedTokens):
             tokens = ShardedTokens([np.asarray(tokens)])
         if split not in _SPLIT_IDS:

@@ -54,6 +54,10 @@ class WandbUnavailable(ValueError):
     """wandb was asked for and cannot start; the message says how to log in or run without it."""
 
 
+class MetricsWriteError(ValueError):
+    """metrics.jsonl could not be appended to; the message says why and how to go on."""
+
+
 class MetricsLogger:
     """Appends one JSON object per event to ``metrics.jsonl`` and mirrors it to wandb.
 
@@ -102,8 +106,13 @@ class MetricsLogger:
         """Append ``record`` to the log file only (an event such as a resume, not a metric)."""
         if not self.enabled:
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as err:  # a full disk or quota, a vanished or read-only directory
+            raise MetricsWriteError(f"could not append to {self.path} ({err.strerror or err}): free space or fix "
+                                    "the directory, then resume with train.resume=true (the checkpoints are "
+                                    "intact)") from None
 
     def record_launch(self, step: int, key: str, value: dict) -> None:
         """Record what this launch reads (``data``) or runs (``launch``: code, libraries, hosts): in the log file,
