@@ -54,15 +54,19 @@ class RunDirectoryLock:
         self.file = None
 
     def acquire(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
             self.directory = self._lock_directory()
             self.file = self._lock_file()
+            if self.file is not None:
+                self._write_holder()
+        except OSError as err:  # a vanished, read-only or full run directory
+            self.release()
+            raise RunDirectoryError(f"cannot lock {self.run_dir} ({err.strerror or err}): give the run a writable "
+                                    "hydra.run.dir, or fix the directory's permissions or space") from None
         except BaseException:
             self.release()
             raise
-        if self.file is not None:
-            self._write_holder()
 
     def _write_holder(self) -> None:
         """Who holds run.lock, for the message a second run gets."""
@@ -305,8 +309,12 @@ def write_hydra_record(run_dir: Path, cfg: DictConfig) -> None:
     """What Hydra writes to .hydra/ (config, Hydra's own config, command-line overrides), written once the
     run owns the directory (Hydra's own copy is off: configs/config.yaml sets hydra.output_subdir to null)."""
     record = Path(run_dir) / ".hydra"
-    record.mkdir(parents=True, exist_ok=True)
     hydra_root = HydraConfig.instance().cfg  # {"hydra": ...}, as Hydra saves it
-    for name, content in (("config.yaml", cfg), ("hydra.yaml", hydra_root),
-                          ("overrides.yaml", hydra_root.hydra.overrides.task)):
-        (record / name).write_text(OmegaConf.to_yaml(content))
+    try:
+        record.mkdir(parents=True, exist_ok=True)
+        for name, content in (("config.yaml", cfg), ("hydra.yaml", hydra_root),
+                              ("overrides.yaml", hydra_root.hydra.overrides.task)):
+            (record / name).write_text(OmegaConf.to_yaml(content))
+    except OSError as err:
+        raise RunDirectoryError(f"cannot write the run's record of its config to {record} ({err.strerror or err}): "
+                                "free space or fix the directory, then start the run again") from None
