@@ -19,13 +19,17 @@ def read_metrics(run_dir: Path) -> list[dict]:
     if not path.is_file():
         return []
     records = []
-    with open(path) as f:
+    with open(path, "rb") as f:
         for line in f:
             try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                # A run killed mid-write leaves a torn last line; what came before it is intact.
-                log.warning("ignoring a torn line in %s: %r", path, line[:80])
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                record = None
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                records.append(record)
+            else:
+                # A run killed mid-write leaves a torn last line (a disk error, garbage); what came before is intact.
+                log.warning("ignoring a torn or foreign line in %s: %r", path, line[:80])
     return records
 
 

@@ -62,3 +62,10 @@ def test_a_full_disk_under_the_log_is_one_message_naming_it(tmp_path):
     with pytest.raises(MetricsWriteError, match=r"could not append to .*metrics\.jsonl \(No space left on device\): "
                                                 r"free space .* train\.resume=true"):
         logger.log({"step": 1, "train/loss": 1.0})
+
+
+def test_undecodable_and_foreign_lines_of_the_log_are_skipped_and_the_rest_read(tmp_path):
+    good = [{"step": 0, "val/loss": 10.0}, {"step": 1, "train/loss": 9.0}]
+    (tmp_path / METRICS_FILE).write_bytes(json.dumps(good[0]).encode() + b"\n\xff\xfe\x00garbage\n5\n{}\n"
+                                          + json.dumps(good[1]).encode() + b"\n")
+    assert read_metrics(tmp_path) == good
