@@ -478,6 +478,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
+    out = args.out
     try:
         if args.source == "files":
             if args.out is None:
@@ -496,7 +497,7 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, FileNotFoundError, ConnectionError) as err:
         raise SystemExit(f"error: {err}") from None
     except OSError as err:  # an unreadable input, a read-only or full --out (the finished shards are kept)
-        raise SystemExit(f"error: could not read or write {err.filename or 'a file'} ({err.strerror or err}): fix "
+        raise SystemExit(f"error: could not read or write {err.filename or out} ({err.strerror or err}): fix "
                          "its permissions or free space, then rerun the command (it continues after the last "
                          "finished shard)") from None
 

@@ -38,12 +38,16 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (SHARD_MAGIC, SHARD_VERSION, tokens.size)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.astype(TOKEN_DTYPE, copy=False).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header.tobytes())
+            f.write(tokens.astype(TOKEN_DTYPE, copy=False).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, a kill: no partial file is left to fill the disk further
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_shard(path: str | os.PathLike) -> np.memmap:

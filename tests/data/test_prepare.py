@@ -387,3 +387,15 @@ def test_an_unreadable_input_and_a_read_only_out_are_one_line(tmp_path, jsonl_co
                                  str(out), "--workers", "1"], capture_output=True, text=True, timeout=300,
                                 env=environment({"HF_DATASETS_OFFLINE": "1"}), cwd=Path(__file__).parents[2])
         assert_one_line(result, phrase, "Permission denied")
+
+
+def test_a_full_disk_while_a_shard_is_written_is_one_line_and_leaves_no_partial_file(tmp_path, jsonl_corpus):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "val_000000.bin.tmp").symlink_to("/dev/full")  # the shard's temporary file: every write gets ENOSPC
+    with pytest.raises(SystemExit) as exit_info:
+        main(["files", str(jsonl_corpus), "--out", str(out), "--workers", "1", "--shard-size", "3000"])
+    message = exit_info.value.code
+    assert message.startswith(f"error: could not read or write {out} (No space left on device)"), message
+    assert "rerun the command" in message and "\n" not in message
+    assert not list(out.glob("*.tmp")) and not list(out.glob("*.bin"))
