@@ -28,7 +28,7 @@ from training.distributed import (DistributedContext, all_gather_objects, distri
 from training.divergence import DivergenceGuard, TrainingDiverged, non_finite_entries, non_finite_state_message
 from training.metrics import MetricsLogger
 from training.preemption import PreemptionSignal, TerminatedEarlier, refuse_if_terminated
-from training.provenance import code_on_every_rank, describe_launch, launch_record
+from training.provenance import DifferentCodeOnRanks, code_on_every_rank, describe_launch, launch_record
 from training.resume import check_resumable, config_changes, configured_hyperparameters, restore_hyperparameters
 from training.run_dir import RunDirectoryError, RunDirectoryLock, prepare_run_dir, write_hydra_record
 from training.optimizers import build_optimizer, full_state_dict, local_optimizer, state_bytes
@@ -181,7 +181,7 @@ def lost_work_message(err: CheckpointSaveError, step: int, previous: Path | None
 
 
 # Faults found alike by every rank (the config, or agreed on by a gather): under torchrun rank 0 alone tells them.
-ERRORS_EVERY_RANK_MEETS = (ConfigError, RunDirectoryError, TrainingDiverged, CheckpointSaveError)
+ERRORS_EVERY_RANK_MEETS = (ConfigError, RunDirectoryError, TrainingDiverged, CheckpointSaveError, DifferentCodeOnRanks)
 
 
 @hydra.main(version_base=None, config_path="configs", config_name="config")
