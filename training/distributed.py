@@ -23,7 +23,9 @@ import torch.distributed.nn  # noqa: F401
 from torch.nn.parallel import DistributedDataParallel
 
 log = logging.getLogger(__name__)
-QUIET_RANK_EXIT_DELAY_S = 2.0
+# How long a rank that leaves the telling to rank 0 waits before exiting: torchrun stops it as soon as rank 0 has
+# failed, so this only bounds the wait where no agent does (ranks started by SLURM), and covers a slow rank 0.
+QUIET_RANK_EXIT_DELAY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,8 @@ def stop_with_message(message: str, every_rank_meets_it: bool) -> NoReturn:
 
     Under torchrun, a fault that every rank meets alike (a refused config) is told once: by rank 0, which also
     hands it to torchrun as the failure's root cause (shown in torchrun's summary instead of a pointer to its
-    docs); the other ranks exit quietly, a moment later, so that rank 0's line is out before torchrun stops the
-    workers that are left. A fault of one rank is told by that rank.
+    docs); the other ranks wait quietly until torchrun stops them once rank 0 has failed (or exit after
+    ``QUIET_RANK_EXIT_DELAY_S``), so that rank 0's line is out first. A fault of one rank is told by that rank.
     """
     rank = int(os.environ["RANK"]) if launched_by_torchrun() else 0
     if every_rank_meets_it and rank != 0:
