@@ -17,18 +17,18 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from configs.schema import grad_accum_steps_for, register_configs, validate
+from configs.schema import ConfigError, grad_accum_steps_for, register_configs, validate
 from data.loader import TokenBatches, build_batches
 from evaluation.hellaswag import correct_counts, training_items
 from model import GPT, GPTConfig
 from training.checkpoint import (CheckpointReadError, CheckpointSaveError, UnreadableCheckpoints, checkpoint_step,
                                  latest_checkpoint, save_checkpoint, set_aside_checkpoints_after)
-from training.distributed import (DistributedContext, all_gather_objects, distributed_session,
+from training.distributed import (DistributedContext, all_gather_objects, distributed_session, stop_with_message,
                                   sum_across_ranks, wrap_data_parallel)
 from training.divergence import DivergenceGuard, TrainingDiverged, non_finite_entries, non_finite_state_message
 from training.metrics import MetricsLogger
 from training.preemption import PreemptionSignal, TerminatedEarlier, refuse_if_terminated
-from training.provenance import code_on_every_rank, describe_launch, launch_record
+from training.provenance import DifferentCodeOnRanks, code_on_every_rank, describe_launch, launch_record
 from training.resume import check_resumable, config_changes, configured_hyperparameters, restore_hyperparameters
 from training.run_dir import RunDirectoryError, RunDirectoryLock, prepare_run_dir, write_hydra_record
 from training.optimizers import build_optimizer, full_state_dict, local_optimizer, state_bytes
@@ -162,6 +162,10 @@ def lost_work_message(err: CheckpointSaveError, step: int, previous: Path | None
             "train.resume=true")
 
 
+# Faults found alike by every rank (the config, or agreed on by a gather): under torchrun rank 0 alone tells them.
+ERRORS_EVERY_RANK_MEETS = (ConfigError, RunDirectoryError, TrainingDiverged, CheckpointSaveError, DifferentCodeOnRanks)
+
+
 @hydra.main(version_base=None, config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> None:
     try:
@@ -169,7 +173,7 @@ def main(cfg: DictConfig) -> None:
     except (ValueError, FileNotFoundError, TrainingDiverged, CheckpointSaveError, UnreadableCheckpoints,
             CheckpointReadError, TerminatedEarlier) as err:
         # Bad input, divergence and storage faults end the run with their one message, not a traceback.
-        raise SystemExit(f"error: {err}") from None
+        stop_with_message(f"error: {err}", every_rank_meets_it=isinstance(err, ERRORS_EVERY_RANK_MEETS))
 
 
 def train(cfg: DictConfig) -> None:

@@ -8,6 +8,7 @@ import dataclasses
 import datetime
 import difflib
 import itertools
+import math
 import os
 from dataclasses import dataclass, field
 from enum import Enum
@@ -319,9 +320,19 @@ def check_known_keys(cfg) -> None:
                                   f"{', '.join(known)}")
 
 
+def check_finite(cfg) -> None:
+    """Refuse NaN and infinity in any number (``optimizer.lr=inf`` passes ``lr > 0`` and diverges at step 2)."""
+    for section in ("model", "train", "optimizer"):
+        for key, value in cfg[section].items():
+            numbers = value if OmegaConf.is_list(value) else [value]
+            _require(all(not isinstance(x, float) or math.isfinite(x) for x in numbers),
+                     f"{section}.{key}={value} is not a finite number: give it a finite value")
+
+
 def validate(cfg) -> None:
     """Range and cross-field checks that the types alone cannot express."""
     check_known_keys(cfg)
+    check_finite(cfg)
     m, t, o = cfg.model, cfg.train, cfg.optimizer
     for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
         _require(m[key] > 0, f"model.{key} must be positive, got {m[key]}")

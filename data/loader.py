@@ -31,7 +31,7 @@ import torch
 from configs.schema import Sampling
 from data.corpora import HUB_CORPORA, default_directory, prepare_command
 from data.embedded import prepare_embedded
-from data.shards import MANIFEST_FILE, read_manifest, read_shard
+from data.shards import MANIFEST_FILE, ShardError, read_manifest, read_shard, unreadable_as_shard_error
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,12 @@ def resolve_data_dir(name: str, directory: str | None) -> Path:
         path = default_directory(HUB_CORPORA[name])
     else:
         path = Path(directory).expanduser()
-    if not path.is_dir():
+    with unreadable_as_shard_error(path):
+        exists, is_dir = path.exists(), path.is_dir()
+    if exists and not is_dir:
+        raise ShardError(f"data.dir {path} is a file, not a directory of token shards: set data.dir to the "
+                         "directory that holds them")
+    if not is_dir:
         raise FileNotFoundError(
             f"data directory {path} does not exist: create it with `{prepare_command(name, directory)}`, "
             "or set data.dir to an existing shard directory"
@@ -64,10 +69,13 @@ def split_files(data_dir: Path, split: str) -> list[Path]:
     """The shard files of ``split`` in stream order."""
     single = data_dir / f"{split}.bin"
     numbered = re.compile(rf"(?:.+_)?{split}_\d+\.bin")
-    shards = sorted(p for p in data_dir.iterdir() if numbered.fullmatch(p.name))
-    if single.is_file() and shards:
+    with unreadable_as_shard_error(data_dir):
+        shards = sorted(p for p in data_dir.iterdir() if numbered.fullmatch(p.name))
+        # exists, not is_file: a directory in a shard's place is reported as such by read_shard
+        single_exists = single.exists()
+    if single_exists and shards:
         raise ValueError(f"{data_dir} holds both {single.name} and {shards[0].name}...: keep one layout")
-    if single.is_file():
+    if single_exists:
         return [single]
     if not shards:
         raise FileNotFoundError(
@@ -210,7 +218,8 @@ class TokenBatches:
 
     def __init__(self, tokens: ShardedTokens | np.ndarray, split: str, *, batch_size: int, block_size: int,
                  seed: int, sampling: Sampling | str = Sampling.random, grad_accum_steps: int = 1, rank: int = 0,
-                 world_size: int = 1, device: torch.device = torch.device("cpu")) -> None:
+                 world_size: int = 1, device: torch.device = torch.device("cpu"),
+                 vocab_size: int | None = None) -> None:
         if not isinstance(tokens, ShardedTokens):
             tokens = ShardedTokens([np.asarray(tokens)])
         if split not in _SPLIT_IDS:
@@ -231,6 +240,7 @@ class TokenBatches:
         if self.sampling == Sampling.random_shard:
             _check_shards_hold_a_window(tokens, split, block_size)
         self.rank, self.world_size, self.device = rank, world_size, device
+        self.vocab_size = vocab_size  # ids at or above it are refused batch by batch (None: not checked)
 
     def _first_window(self, step: int, micro_step: int) -> int:
         """Sequential mode: the global index of this rank's first window of micro-batch (step, micro_step)."""
@@ -258,11 +268,28 @@ class TokenBatches:
     def batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         starts = self.window_starts(step, micro_step)
         windows = np.stack([self.tokens.read(int(s), self.block_size + 1) for s in starts]).astype(np.int64)
+        self._check_token_ids(windows, starts)
         x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))
         y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))
         if self.device.type == "cuda":
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
         return x.to(self.device), y.to(self.device)
+
+    def _check_token_ids(self, windows: np.ndarray, starts: np.ndarray) -> None:
+        """Refuse ids the model has no embedding for, here on the host, where it costs a max over the batch: on
+        the device they fail as an index error (a device-side assert on CUDA). The start-up check reads only a
+        sample of shards without a manifest, and a manifest can be out of date."""
+        if self.vocab_size is None or windows.max() < self.vocab_size:
+            return
+        row = int(np.argmax(windows.max(axis=1)))
+        column = int(np.argmax(windows[row] >= self.vocab_size))
+        position = int(starts[row]) + column
+        shard = int(np.searchsorted(self.tokens.ends, position, side="right"))
+        where = self.tokens.paths[shard] if self.tokens.paths else f"shard {shard}"
+        offset = position - int(self.tokens.starts[shard])
+        raise ShardError(f"{where} holds token id {int(windows[row, column])} at token {offset}, but model.vocab_size "
+                         f"is {self.vocab_size}: the shards were made with another tokenizer (or their manifest.json "
+                         "is out of date); prepare the corpus with the model's tokenizer, or raise model.vocab_size")
 
     def peek(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch that step ``step + 1`` will draw: what the exact MARS scheme needs one step ahead."""
@@ -276,4 +303,4 @@ def build_batches(data_cfg, split: str, *, batch_size: int, block_size: int, gra
     tokens = load_split(data_dir, split, vocab_size)
     return TokenBatches(tokens, split, batch_size=batch_size, block_size=block_size, seed=seed,
                         sampling=data_cfg.sampling, grad_accum_steps=grad_accum_steps, rank=rank,
-                        world_size=world_size, device=device)
+                        world_size=world_size, device=device, vocab_size=vocab_size)

@@ -202,6 +202,8 @@ def files_source(paths: list[Path], text_column: str = "text") -> dict:
             raise FileNotFoundError(f"input file {path} does not exist")
         if path.suffix not in FILE_FORMATS:
             raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(FILE_FORMATS)}")
+        if path.stat().st_size == 0:
+            raise ValueError(f"input file {path} is empty: leave it out, or give the file its documents")
         formats.add(FILE_FORMATS[path.suffix])
     if len(formats) > 1:
         raise ValueError(f"input files mix formats {sorted(formats)}: prepare one format per run")
@@ -227,11 +229,20 @@ def load_documents(source: dict) -> Iterator[str]:
         dataset = load_dataset(source["format"], data_files=[f["path"] for f in source["files"]], split="train",
                                streaming=True, **text_options)
     column = source["text_column"]
-    for row in dataset:
-        if column not in row:
-            raise ValueError(f"the documents have no column {column!r} (they have {sorted(row)}): "
-                             "pass --text-column")
-        yield row[column]
+    try:
+        for row in dataset:
+            if column not in row:
+                raise ValueError(f"the documents have no column {column!r} (they have {sorted(row)}): "
+                                 "pass --text-column")
+            yield row[column]
+    except (ValueError, RuntimeError) as err:
+        if "files" not in source or str(err).startswith("the documents have no column"):
+            raise
+        # datasets' parse and decode errors name neither the file nor what it should hold
+        names = ", ".join(f["path"] for f in source["files"])
+        raise ValueError(f"could not read the documents of {names} ({' '.join(str(err).split())[:200]}): each file "
+                         f"must be {source['format']} in UTF-8" + (f", one JSON object per line with a {column!r} "
+                         "field" if source["format"] == "json" else "")) from None
 
 
 def count_documents(source: dict) -> int:
@@ -467,6 +478,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
+    out = args.out
     try:
         if args.source == "files":
             if args.out is None:
@@ -484,6 +496,10 @@ def main(argv: list[str] | None = None) -> None:
                 command=shlex.join(["python", "-m", "data.prepare", *argv]))
     except (ValueError, FileNotFoundError, ConnectionError) as err:
         raise SystemExit(f"error: {err}") from None
+    except OSError as err:  # an unreadable input, a read-only or full --out (the finished shards are kept)
+        raise SystemExit(f"error: could not read or write {err.filename or out} ({err.strerror or err}): fix "
+                         "its permissions or free space, then rerun the command (it continues after the last "
+                         "finished shard)") from None
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ name and renamed, so a shard that exists is complete.
 A directory of shards made by ``data.prepare`` also holds ``manifest.json``: where the tokens came from, the
 tokenizer and its vocabulary size, the largest token id, and every shard with its token count.
 """
+import contextlib
+import getpass
 import json
 import os
 from pathlib import Path
@@ -36,23 +38,31 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (SHARD_MAGIC, SHARD_VERSION, tokens.size)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.astype(TOKEN_DTYPE, copy=False).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header.tobytes())
+            f.write(tokens.astype(TOKEN_DTYPE, copy=False).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, a kill: no partial file is left to fill the disk further
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_shard(path: str | os.PathLike) -> np.memmap:
     """Memory-map the tokens of a shard, after checking its header against its size."""
     path = Path(path)
-    if not path.is_file():
-        raise ShardError(f"token shard {path} does not exist")
-    size = path.stat().st_size
-    if size < HEADER_BYTES:
-        raise ShardError(f"{path} is {size} bytes, shorter than the {HEADER_BYTES}-byte shard header")
-    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
+    with unreadable_as_shard_error(path):
+        if path.is_dir():
+            raise ShardError(f"token shard {path} is a directory, not a shard file: move it out of the way, or "
+                             "prepare the corpus again")
+        if not path.is_file():
+            raise ShardError(f"token shard {path} does not exist")
+        size = path.stat().st_size
+        if size < HEADER_BYTES:
+            raise ShardError(f"{path} is {size} bytes, shorter than the {HEADER_BYTES}-byte shard header")
+        header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
     magic, version, num_tokens = (int(x) for x in header[:3])
     if magic != SHARD_MAGIC:
         raise ShardError(f"{path} has magic {magic}, expected {SHARD_MAGIC}: not a token shard")
@@ -66,7 +76,20 @@ def read_shard(path: str | os.PathLike) -> np.memmap:
         )
     if num_tokens == 0:
         raise ShardError(f"{path} holds no tokens")
-    return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(num_tokens,))
+    with unreadable_as_shard_error(path):
+        return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(num_tokens,))
+
+
+@contextlib.contextmanager
+def unreadable_as_shard_error(path: Path):
+    """Turn an ``OSError`` met reading ``path`` (permissions, a vanished mount, I/O) into a :class:`ShardError`
+    that names the file the system refused and the fix."""
+    try:
+        yield
+    except OSError as err:
+        refused = err.filename or path
+        raise ShardError(f"cannot read {refused} ({err.strerror or err}): make it readable to this user "
+                         f"({getpass.getuser()}), or point data.dir at a copy that is") from None
 
 
 def write_manifest(directory: str | os.PathLike, manifest: dict) -> None:
@@ -80,12 +103,53 @@ def write_manifest(directory: str | os.PathLike, manifest: dict) -> None:
 def read_manifest(directory: str | os.PathLike) -> dict | None:
     """The manifest of a shard directory, or None if it has none (shards made by llm.c or by hand)."""
     path = Path(directory) / MANIFEST_FILE
-    if not path.is_file():
+    with unreadable_as_shard_error(path):
+        exists, is_dir = path.exists(), path.is_dir()
+    if not exists:
         return None
+    if is_dir:
+        raise ShardError(f"{path} is a directory, not a manifest: move it out of the way, or prepare the corpus again")
+    with unreadable_as_shard_error(path):
+        text = path.read_bytes()
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+        manifest = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ShardError(f"{path} is not valid JSON ({err}): prepare the corpus again") from None
     if not isinstance(manifest, dict):
         raise ShardError(f"{path} does not hold a JSON object: prepare the corpus again")
+    check_manifest_types(manifest, path)
     return manifest
+
+
+def check_manifest_types(manifest: dict, path: Path) -> None:
+    """Each field that a manifest has is of the type ``data.prepare`` writes (a hand-edited or foreign manifest
+    would otherwise fail deep in the loader); which fields must be there is the reader's business."""
+    def refuse(field: str, value, expected: str) -> None:
+        raise ShardError(f"{path}: {field} is {value!r}, not {expected}: it was not written by `python -m "
+                         "data.prepare`, or was edited since; prepare the corpus again")
+
+    for key, expected in _MANIFEST_FIELD_TYPES.items():
+        if key in manifest and not _is_a(manifest[key], expected):
+            refuse(key, manifest[key], _TYPE_NAMES[expected])
+    shards = manifest.get("shards", [])
+    if not isinstance(shards, list):
+        refuse("shards", shards, "a list")
+    for k, shard in enumerate(shards):
+        if not isinstance(shard, dict):
+            refuse(f"shards[{k}]", shard, "an object")
+        for key, expected in _SHARD_FIELD_TYPES.items():
+            if key not in shard:
+                raise ShardError(f"{path}: shards[{k}] has no {key!r}: it was not written by `python -m data.prepare`, "
+                                 "or was edited since; prepare the corpus again")
+            if not _is_a(shard[key], expected):
+                refuse(f"shards[{k}].{key}", shard[key], _TYPE_NAMES[expected])
+
+
+_MANIFEST_FIELD_TYPES = {"tokenizer": str, "vocab_size": int, "max_token_id": int, "complete": bool}
+_SHARD_FIELD_TYPES = {"file": str, "split": str, "tokens": int, "max_token_id": int}
+_TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false"}
+
+
+def _is_a(value, expected: type) -> bool:
+    # JSON's true is a Python bool, which is also an int: never a count.
+    return isinstance(value, expected) and (expected is bool or not isinstance(value, bool))

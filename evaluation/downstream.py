@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or run_dir_of(args.checkpoint) / "downstream"
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     try:
-        hf_dir = export(args.checkpoint, out / "hf")
+        # out/hf is this command's own copy, rewritten by each evaluation
+        hf_dir = export(args.checkpoint, out / "hf", overwrite=True)
         evaluation = evaluate(hf_dir, tasks, batch_size=args.batch_size, device=args.device, dtype=args.dtype,
                               limit=limit, num_fewshot=args.num_fewshot, include_path=args.include_path)
     except (ValueError, FileNotFoundError) as err:

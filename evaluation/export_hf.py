@@ -148,12 +148,18 @@ def gpt2_tokenizer(model_max_length: int) -> GPT2Tokenizer:
     return tokenizer
 
 
-def save_hf(model: GPT, out: Path, source: dict | None = None) -> Path:
+def save_hf(model: GPT, out: Path, source: dict | None = None, overwrite: bool = False) -> Path:
     """Write ``model`` and GPT-2's tokenizer to the directory ``out`` (created if needed) in Hugging Face format,
-    and ``source`` (:func:`evaluation.checkpoints.checkpoint_source`) as ``SOURCE_FILE`` beside them."""
+    and ``source`` (:func:`evaluation.checkpoints.checkpoint_source`) as ``SOURCE_FILE`` beside them. A directory
+    that holds anything is refused unless ``overwrite``: its files would be replaced or mixed with the export's."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file: pass a directory (it is created if it does not exist)")
+    held = sorted(out.iterdir()) if out.is_dir() else []
+    if held and not overwrite:
+        raise ValueError(f"--out {out} is not empty (it holds {held[0].name}"
+                         f"{f' and {len(held) - 1} more' if len(held) > 1 else ''}): pass a new or empty directory, "
+                         "or --overwrite to write the export over what it holds")
     exported = hf_model(model)  # before writing anything: a config HF cannot express leaves no half export
     out.mkdir(parents=True, exist_ok=True)
     exported.save_pretrained(out)
@@ -163,10 +169,10 @@ def save_hf(model: GPT, out: Path, source: dict | None = None) -> Path:
     return out
 
 
-def export(checkpoint: Path, out: Path) -> Path:
+def export(checkpoint: Path, out: Path, overwrite: bool = False) -> Path:
     """Export a train.py checkpoint file, or a run directory's newest checkpoint, to ``out``; returns ``out``."""
     model, checkpoint = load_model(checkpoint)
-    return save_hf(model, out, checkpoint_source(checkpoint))
+    return save_hf(model, out, checkpoint_source(checkpoint), overwrite)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -174,6 +180,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint", type=Path, required=True,
                         help="a checkpoint written by train.py, or a run directory (its newest checkpoint)")
     parser.add_argument("--out", type=Path, required=True, help="directory to write the Hugging Face model to")
+    parser.add_argument("--overwrite", action="store_true", help="write into --out even if it holds files")
     return parser
 
 
@@ -182,9 +189,12 @@ def main(argv: list[str] | None = None) -> None:
     disable_progress_bar()  # the command prints one line: what it wrote, or why it could not
     try:
         model, checkpoint = load_model(args.checkpoint)
-        out = save_hf(model, args.out, checkpoint_source(checkpoint))
+        out = save_hf(model, args.out, checkpoint_source(checkpoint), args.overwrite)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
+    except OSError as err:  # a read-only or full --out
+        raise SystemExit(f"error: could not write {err.filename or args.out} ({err.strerror or err}): pass a "
+                         "writable --out with space for the model") from None
     print(json.dumps({"checkpoint": str(checkpoint), "out": str(out)}))
 
 

@@ -313,15 +313,22 @@ def find_run_dirs(patterns: list[str]) -> list[Path]:
     """Run directories matched by glob ``patterns``, or found anywhere below a matched directory."""
     found = set()
     for pattern in patterns:
-        matches = glob.glob(str(Path(pattern).expanduser()), recursive=True)
-        if not matches:
-            log.warning("%s matches nothing", pattern)
-        for match in map(Path, matches):
+        for match in map(Path, matching_paths(pattern)):
             if (match / METRICS_FILE).is_file():
                 found.add(match)
             elif match.is_dir():
                 found.update(path.parent for path in match.rglob(METRICS_FILE))
     return sorted(path for path in found if (path / ".hydra" / "config.yaml").is_file())
+
+
+def matching_paths(pattern: str) -> list[str]:
+    """The paths glob ``pattern`` matches; a pattern that matches nothing is a mistake the user must hear of (a
+    table or figure without those runs would look complete)."""
+    matches = glob.glob(str(Path(pattern).expanduser()), recursive=True)
+    if not matches:
+        raise FileNotFoundError(f"no run directory matches {pattern}: check the path (quote a glob pattern, so "
+                                "that the script expands it, not the shell)")
+    return matches
 
 
 def load_runs(patterns: list[str]) -> list[Run]:

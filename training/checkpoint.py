@@ -12,6 +12,7 @@ log = logging.getLogger(__name__)
 
 # What save_checkpoint names a checkpoint; any other file (a user's ckpt_best.pt) is neither pruned nor resumed.
 CHECKPOINT_NAME = re.compile(r"ckpt_(\d+)\.pt")
+ZIP_MAGIC = b"PK\x03\x04"  # how every torch.save archive begins
 UNREADABLE_SUFFIX = ".unreadable"  # a checkpoint a resume fell back over, kept under this suffix
 
 
@@ -73,11 +74,22 @@ def verify_checkpoint(path: Path) -> None:
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()
     except zipfile.BadZipFile as err:
-        raise CorruptCheckpoint(f"{path} is not a whole checkpoint (a torn or truncated write, or a foreign file: "
-                                f"{err})") from None
+        with open(path, "rb") as f:
+            start = f.read(len(ZIP_MAGIC))
+        if start != ZIP_MAGIC:  # a torn save still starts as an archive; this file never was one
+            raise CorruptCheckpoint(f"{path} is not a checkpoint written by train.py (those are torch.save archives; "
+                                    f"this file {_looks_like(path, start)}): pass a run directory of train.py or one "
+                                    "of its checkpoints/ckpt_*.pt files") from None
+        raise CorruptCheckpoint(f"{path} is not a whole checkpoint (a torn or truncated write: {err})") from None
     if damaged is not None:
         raise CorruptCheckpoint(f"{path}: its record {damaged} does not match the checksum written with it (its "
                                 "bytes changed after the save: a disk or copy error)")
+
+
+def _looks_like(path: Path, start: bytes) -> str:
+    if path.suffix == ".safetensors":
+        return "is a safetensors file: weights only, as an export writes them"
+    return "is empty" if not start else f"starts with {start!r}"
 
 
 def load_checkpoint(path: Path, device: torch.device) -> dict:

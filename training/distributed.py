@@ -1,6 +1,7 @@
 """Process-group setup for torchrun (NCCL on GPU, Gloo on CPU); a single process needs none of it."""
 import contextlib
 import gc
+import json
 import logging
 import os
 import time
@@ -8,6 +9,8 @@ import traceback
 import uuid
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -25,6 +28,9 @@ log = logging.getLogger(__name__)
 # job after this long (torch's own default is 30 minutes); it must outlast rank 0 writing a checkpoint.
 DEFAULT_TIMEOUT_S = 600.0
 STORE_POLL_S = 0.05
+# How long a rank that leaves the telling to rank 0 waits before exiting: torchrun stops it as soon as rank 0 has
+# failed, so this only bounds the wait where no agent does (ranks started by SLURM), and covers a slow rank 0.
+QUIET_RANK_EXIT_DELAY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,27 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def stop_with_message(message: str, every_rank_meets_it: bool) -> NoReturn:
+    """Exit with ``message`` as the process's last line and a non-zero status.
+
+    Under torchrun, a fault that every rank meets alike (a refused config) is told once: by rank 0, which also
+    hands it to torchrun as the failure's root cause (shown in torchrun's summary instead of a pointer to its
+    docs); the other ranks wait quietly until torchrun stops them once rank 0 has failed (or exit after
+    ``QUIET_RANK_EXIT_DELAY_S``), so that rank 0's line is out first. A fault of one rank is told by that rank.
+    """
+    rank = int(os.environ["RANK"]) if launched_by_torchrun() else 0
+    if every_rank_meets_it and rank != 0:
+        time.sleep(QUIET_RANK_EXIT_DELAY_S)
+        raise SystemExit(1)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file and launched_by_torchrun():
+        with contextlib.suppress(OSError):  # the message on stderr is what matters
+            # torchrun's record format; py_callstack is what its summary shows
+            Path(error_file).write_text(json.dumps({"message": {"message": message, "extraInfo": {
+                "py_callstack": message, "timestamp": str(int(time.time()))}}}))
+    raise SystemExit(message)
+
+
 def init_distributed(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistributedContext:
     """Join the torchrun process group if there is one; on CUDA each process takes the GPU of its local rank.
 
@@ -57,6 +84,7 @@ def init_distributed(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S)
     """
     if not launched_by_torchrun():
         return DistributedContext(device=device)
+    check_launcher_variables()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     if device.type == "cuda":
@@ -68,6 +96,22 @@ def init_distributed(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S)
         dist.init_process_group(backend=backend, store=elastic_store(rank, world_size, timeout), rank=rank,
                                 world_size=world_size, timeout=timeout)
     return DistributedContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def check_launcher_variables() -> None:
+    """torchrun sets all of ``LAUNCHER_VARIABLES``; some of them alone are what an earlier launcher left in the
+    shell (an ``export RANK=0``), and would make a plain run wait for ranks that never come, or fail obscurely."""
+    missing = [name for name in LAUNCHER_VARIABLES if name not in os.environ]
+    malformed = [name for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
+                 if not os.environ.get(name, "0").isdigit()]
+    if missing or malformed:
+        present = " ".join(f"{name}={os.environ[name]}" for name in LAUNCHER_VARIABLES if name in os.environ)
+        problem = f"{', '.join(missing)} unset" if missing else f"{', '.join(malformed)} not a number"
+        raise ValueError(f"the environment holds {present} but {problem}: left over from an earlier launcher? "
+                         f"`unset {' '.join(LAUNCHER_VARIABLES)}` to train in one process, or launch with torchrun")
 
 
 def elastic_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store | None:

@@ -20,13 +20,17 @@ def read_metrics(run_dir: Path) -> list[dict]:
     if not path.is_file():
         return []
     records = []
-    with open(path) as f:
+    with open(path, "rb") as f:
         for line in f:
             try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                # A run killed mid-write leaves a torn last line; what came before it is intact.
-                log.warning("ignoring a torn line in %s: %r", path, line[:80])
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                record = None
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                records.append(record)
+            else:
+                # A run killed mid-write leaves a torn last line (a disk error, garbage); what came before is intact.
+                log.warning("ignoring a torn or foreign line in %s: %r", path, line[:80])
     return records
 
 
@@ -52,6 +56,14 @@ def format_duration(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
+class WandbUnavailable(ValueError):
+    """wandb was asked for and cannot start; the message says how to log in or run without it."""
+
+
+class MetricsWriteError(ValueError):
+    """metrics.jsonl could not be appended to; the message says why and how to go on."""
+
+
 class MetricsLogger:
     """Appends one JSON object per event to ``metrics.jsonl`` and mirrors it to wandb.
 
@@ -66,10 +78,17 @@ class MetricsLogger:
         if enabled and wandb_cfg.mode != WandbMode.disabled:
             import wandb
 
-            self.wandb_run = wandb.init(
-                project=wandb_cfg.project, entity=wandb_cfg.entity, name=run_name, config=config,
-                mode=wandb_cfg.mode.value, dir=str(run_dir), id=wandb_run_id, resume="allow",
-            )
+            try:
+                self.wandb_run = wandb.init(
+                    project=wandb_cfg.project, entity=wandb_cfg.entity, name=run_name, config=config,
+                    mode=wandb_cfg.mode.value, dir=str(run_dir), id=wandb_run_id, resume="allow",
+                )
+            except Exception as err:  # no credentials, no network, an unknown entity, a stray WANDB_* variable
+                reason = " ".join(str(err).split())[:300]
+                raise WandbUnavailable(
+                    f"wandb.mode={wandb_cfg.mode.value} could not start a wandb run ({reason}): log in with `wandb "
+                    "login` (or set WANDB_API_KEY), or run with wandb.mode=offline (upload later with `wandb sync`) "
+                    "or wandb.mode=disabled; metrics.jsonl is written either way") from None
 
     @property
     def wandb_run_id(self) -> str | None:
@@ -93,8 +112,13 @@ class MetricsLogger:
         """Append ``record`` to the log file only (an event such as a resume, not a metric)."""
         if not self.enabled:
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as err:  # a full disk or quota, a vanished or read-only directory
+            raise MetricsWriteError(f"could not append to {self.path} ({err.strerror or err}): free space or fix "
+                                    "the directory, then resume with train.resume=true (the checkpoints are "
+                                    "intact)") from None
 
     def record_launch(self, step: int, key: str, value: dict) -> None:
         """Record what this launch reads (``data``) or runs (``launch``: code, libraries, hosts): in the log file,

@@ -26,7 +26,9 @@ def _handle(signum, frame) -> None:
     global _received
     name = signal.Signals(signum).name
     if signum == signal.SIGINT and _received == name:
-        raise KeyboardInterrupt
+        # Stops wherever the run is (a save in progress removes its partial file), with one line, no traceback.
+        raise SystemExit("error: stopped at once by a second Ctrl-C: the steps since the run's last checkpoint are "
+                         "lost (its checkpoints are intact); continue it with train.resume=true")
     if _received is None:
         _received = name
     hint = " (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import TextIO
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from training.atomic import TEMPORARY_SUFFIX
 from training.checkpoint import UNREADABLE_SUFFIX, checkpoint_dir, checkpoint_files
+from training.distributed import stop_with_message
 from training.metrics import METRICS_FILE
 from training.provenance import patch_files
 
@@ -52,15 +54,19 @@ class RunDirectoryLock:
         self.file = None
 
     def acquire(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
             self.directory = self._lock_directory()
             self.file = self._lock_file()
+            if self.file is not None:
+                self._write_holder()
+        except OSError as err:  # a vanished, read-only or full run directory
+            self.release()
+            raise RunDirectoryError(f"cannot lock {self.run_dir} ({err.strerror or err}): give the run a writable "
+                                    "hydra.run.dir, or fix the directory's permissions or space") from None
         except BaseException:
             self.release()
             raise
-        if self.file is not None:
-            self._write_holder()
 
     def _write_holder(self) -> None:
         """Who holds run.lock, for the message a second run gets."""
@@ -270,12 +276,45 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
                         "the attempt before is kept as %s", run_dir, kept)
 
 
+class WritableRunDirectory(Callback):
+    """Hydra callback (configs/config.yaml): before Hydra creates the run or sweep directory and opens its log
+    file there, check that it can, and stop with one line if not (Hydra's own failure is a traceback)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        refuse_unwritable_directory(config, "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        refuse_unwritable_directory(config, "hydra.sweep.dir")
+
+
+def refuse_unwritable_directory(config: DictConfig, key: str) -> None:
+    """Create the directory ``key`` names and a file in it (the job log, which Hydra opens next), or exit."""
+    try:
+        directory = Path(OmegaConf.select(config, key))
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / HYDRA_LOG, "a"):
+            pass
+    except Exception as err:  # an OSError, or one met resolving the default directory (unique_run_dir)
+        cause = err
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        stop_with_message(f"error: cannot write the run directory {Path(cause.filename).absolute()} "
+                          f"({cause.strerror}): set {key} to a writable directory, or fix the permissions (or "
+                          "space) of this one", every_rank_meets_it=True)
+
+
 def write_hydra_record(run_dir: Path, cfg: DictConfig) -> None:
     """What Hydra writes to .hydra/ (config, Hydra's own config, command-line overrides), written once the
     run owns the directory (Hydra's own copy is off: configs/config.yaml sets hydra.output_subdir to null)."""
     record = Path(run_dir) / ".hydra"
-    record.mkdir(parents=True, exist_ok=True)
     hydra_root = HydraConfig.instance().cfg  # {"hydra": ...}, as Hydra saves it
-    for name, content in (("config.yaml", cfg), ("hydra.yaml", hydra_root),
-                          ("overrides.yaml", hydra_root.hydra.overrides.task)):
-        (record / name).write_text(OmegaConf.to_yaml(content))
+    try:
+        record.mkdir(parents=True, exist_ok=True)
+        for name, content in (("config.yaml", cfg), ("hydra.yaml", hydra_root),
+                              ("overrides.yaml", hydra_root.hydra.overrides.task)):
+            (record / name).write_text(OmegaConf.to_yaml(content))
+    except OSError as err:
+        raise RunDirectoryError(f"cannot write the run's record of its config to {record} ({err.strerror or err}): "
+                                "free space or fix the directory, then start the run again") from None

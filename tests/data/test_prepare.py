@@ -1,6 +1,9 @@
 import json
 import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -351,3 +354,48 @@ def test_each_source_defaults_to_the_split_of_its_reference_preparation(tmp_path
     monkeypatch.chdir(tmp_path)
     main([*argv, "--out", str(tmp_path / "out")])
     assert (calls[0]["split"], calls[0]["documents"]) == (split, documents)
+
+
+@pytest.mark.parametrize("name, content, phrases", [
+    ("empty.jsonl", b"", ["is empty"]),
+    ("notes.jsonl", b"not json\n", ["could not read the documents of", "one JSON object per line"]),
+    ("latin1.txt", "caf\u00e9\n".encode("latin-1"), ["could not read the documents of", "UTF-8"]),
+], ids=["empty", "mistyped", "undecodable"])
+def test_an_empty_mistyped_or_undecodable_input_file_is_one_line_naming_it(tmp_path, name, content, phrases):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["files", str(path), "--out", str(tmp_path / "out"), "--workers", "1"])
+    message = exit_info.value.code
+    assert message.startswith("error: ") and "\n" not in message and name in message
+    assert all(phrase in message for phrase in phrases), message
+
+
+def test_an_unreadable_input_and_a_read_only_out_are_one_line(tmp_path, jsonl_corpus):
+    from tests.test_one_line_errors import assert_one_line, environment, without_root_file_access
+
+    unreadable = tmp_path / "unreadable.jsonl"
+    unreadable.write_text('{"text": "hello"}\n')
+    unreadable.chmod(0)
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    prefix = without_root_file_access()
+    for paths, out, phrase in (([unreadable], tmp_path / "out", str(unreadable)),
+                               ([jsonl_corpus], read_only / "out", str(read_only / "out"))):
+        result = subprocess.run([*prefix, sys.executable, "-m", "data.prepare", "files", *map(str, paths), "--out",
+                                 str(out), "--workers", "1"], capture_output=True, text=True, timeout=300,
+                                env=environment({"HF_DATASETS_OFFLINE": "1"}), cwd=Path(__file__).parents[2])
+        assert_one_line(result, phrase, "Permission denied")
+
+
+def test_a_full_disk_while_a_shard_is_written_is_one_line_and_leaves_no_partial_file(tmp_path, jsonl_corpus):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "val_000000.bin.tmp").symlink_to("/dev/full")  # the shard's temporary file: every write gets ENOSPC
+    with pytest.raises(SystemExit) as exit_info:
+        main(["files", str(jsonl_corpus), "--out", str(out), "--workers", "1", "--shard-size", "3000"])
+    message = exit_info.value.code
+    assert message.startswith(f"error: could not read or write {out} (No space left on device)"), message
+    assert "rerun the command" in message and "\n" not in message
+    assert not list(out.glob("*.tmp")) and not list(out.glob("*.bin"))

@@ -239,8 +239,7 @@ def test_cli_refuses_a_file_that_is_not_a_checkpoint_in_one_line(tmp_path):
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"error: {not_a_checkpoint} is not a whole checkpoint (a torn or truncated write, "
-                               "or a foreign file")
+    assert lines[0].startswith(f"error: {not_a_checkpoint} is not a checkpoint written by train.py")
     assert not (tmp_path / "hf").exists()
 
 
@@ -271,3 +270,18 @@ def test_export_says_what_is_wrong_with_a_checkpoint(tmp_path):
     torch.save({"model": model.state_dict(), "config": {"model": vars(model.config)}}, tmp_path / "good.pt")
     with pytest.raises(ValueError, match="is a file"):
         export(tmp_path / "good.pt", out_file)
+
+
+def test_cli_refuses_an_out_directory_that_holds_files_unless_asked_to_overwrite(tmp_path):
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=16))
+    torch.save({"model": model.state_dict(), "config": {"model": vars(model.config)}}, tmp_path / "good.pt")
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "notes.md").write_text("my notes\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--checkpoint", str(tmp_path / "good.pt"), "--out", str(out)])
+    message = exit_info.value.code
+    assert message.startswith(f"error: --out {out} is not empty (it holds notes.md)") and "--overwrite" in message
+    assert [path.name for path in out.iterdir()] == ["notes.md"]
+    main(["--checkpoint", str(tmp_path / "good.pt"), "--out", str(out), "--overwrite"])
+    assert (out / "model.safetensors").is_file() and (out / "notes.md").read_text() == "my notes\n"

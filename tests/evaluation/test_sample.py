@@ -87,3 +87,15 @@ def test_a_directory_without_checkpoints_is_one_line_of_error(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert result.stderr.startswith("error:") and "holds no checkpoint" in result.stderr
+
+
+def test_a_safetensors_file_is_named_as_no_training_checkpoint_not_as_a_torn_one(tmp_path):
+    from safetensors.torch import save_file
+
+    weights = tmp_path / "model.safetensors"
+    save_file({name: tensor.clone() for name, tensor in tiny_model().state_dict().items()}, weights)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--checkpoint", str(weights), "--device", "cpu"])
+    message = exit_info.value.code
+    assert message.startswith(f"error: {weights} is not a checkpoint written by train.py") and "\n" not in message
+    assert "safetensors" in message and "ckpt_*.pt" in message and "torn" not in message

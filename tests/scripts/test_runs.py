@@ -225,3 +225,13 @@ def test_runs_evaluated_otherwise_are_not_seeds_of_each_other(tmp_path, make_run
     [settings] = group_settings(load_runs([str(tmp_path)])).values()
     assert sorted(sorted(Path(run.name).name for run in setting.runs) for setting in settings) == [
         ["denser"], ["fewer"], ["plain", "seed2"]]
+
+
+@pytest.mark.parametrize("command", ["scripts.make_table", "scripts.plot_sweep", "scripts.plot_curves"])
+def test_a_glob_that_matches_nothing_is_named_not_taken_for_an_empty_table(tmp_path, command):
+    import importlib
+
+    pattern = str(tmp_path / "multirun" / "*" / "*")
+    with pytest.raises(SystemExit) as exit_info:
+        importlib.import_module(command).main([pattern, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code.startswith(f"error: no run directory matches {pattern}: ")

@@ -89,7 +89,7 @@ def test_a_bit_flipped_in_a_tensor_is_caught_and_the_previous_checkpoint_resumed
 def test_a_file_that_is_no_checkpoint_is_corrupt_and_names_itself(tmp_path):
     foreign = tmp_path / "notes.pt"
     foreign.write_text("not a checkpoint\n")
-    with pytest.raises(CorruptCheckpoint, match=r"notes\.pt is not a whole checkpoint"):
+    with pytest.raises(CorruptCheckpoint, match=r"notes\.pt is not a checkpoint written by train\.py"):
         load_checkpoint(foreign, CPU)
 
 

@@ -140,3 +140,14 @@ def test_zero1_run_resumes_exactly_from_its_gathered_checkpoint(tmp_path):
     resumed, _ = run([*TORCHRUN, "train.py"], tmp_path, "train.zero1=true", "train.checkpoint_interval=2",
                      "train.resume=true")
     assert losses(resumed, "train/loss") == losses(full, "train/loss")
+
+
+def test_a_refused_config_is_told_once_by_rank_0_and_is_torchruns_root_cause(tmp_path):
+    result = subprocess.run([*TORCHRUN, "train.py", f"hydra.run.dir={tmp_path}", *SMALL, "optimizer.lr=inf"],
+                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    output = result.stdout + result.stderr
+    message = "error: optimizer.lr=inf is not a finite number: give it a finite value"
+    assert result.returncode != 0
+    assert output.splitlines().count(message) == 1, output  # rank 0's line; rank 1 exits quietly
+    assert f"traceback : {message}" in output  # torchrun's summary names it as the failure's root cause
+    assert 'train.py", line' not in output  # no traceback of the workers

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from configs.schema import WandbMode
-from training.metrics import METRICS_FILE, MetricsLogger, format_duration, format_record, read_metrics
+from training.metrics import (METRICS_FILE, MetricsLogger, MetricsWriteError, format_duration, format_record,
+                              read_metrics)
 
 
 @pytest.mark.parametrize("seconds, text", [(5.6, "6s"), (245, "4m05s"), (3723, "1h02m03s"), (0, "0s")])
@@ -52,3 +53,19 @@ def test_a_failure_while_the_log_is_rewritten_leaves_the_old_log_whole(tmp_path,
         logger.discard_after(3)
     monkeypatch.undo()
     assert read_metrics(tmp_path) == records
+
+
+def test_a_full_disk_under_the_log_is_one_message_naming_it(tmp_path):
+    logger = _logger_with(tmp_path, [])
+    logger.path.unlink()
+    logger.path.symlink_to("/dev/full")  # every write to it fails with ENOSPC, as on a full disk
+    with pytest.raises(MetricsWriteError, match=r"could not append to .*metrics\.jsonl \(No space left on device\): "
+                                                r"free space .* train\.resume=true"):
+        logger.log({"step": 1, "train/loss": 1.0})
+
+
+def test_undecodable_and_foreign_lines_of_the_log_are_skipped_and_the_rest_read(tmp_path):
+    good = [{"step": 0, "val/loss": 10.0}, {"step": 1, "train/loss": 9.0}]
+    (tmp_path / METRICS_FILE).write_bytes(json.dumps(good[0]).encode() + b"\n\xff\xfe\x00garbage\n5\n{}\n"
+                                          + json.dumps(good[1]).encode() + b"\n")
+    assert read_metrics(tmp_path) == good

@@ -15,7 +15,7 @@ import torch
 from configs import schema
 from training.checkpoint import CheckpointSaveError, checkpoint_dir, latest_checkpoint, save_checkpoint
 from training.metrics import read_metrics
-from training.run_dir import (RunDirectoryError, RunDirectoryLock, check_writable, claim_for_fresh_start,
+from training.run_dir import (RunDirectoryError, RunDirectoryLock, claim_for_fresh_start,
                                prepare_run_dir)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -186,14 +186,28 @@ def test_a_checkpoint_directory_that_cannot_be_written_stops_the_run_before_its_
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
 def test_a_read_only_run_directory_is_found_at_start(tmp_path):
-    tmp_path.chmod(0o555)
-    try:
-        with pytest.raises(RunDirectoryError, match="cannot write checkpoints"):
-            check_writable(tmp_path)
-    finally:
-        tmp_path.chmod(0o755)
+    from tests.test_one_line_errors import environment, without_root_file_access
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run_dir.chmod(0o555)
+    check = "import sys; from training.run_dir import check_writable; check_writable(sys.argv[1])"
+    result = subprocess.run([*without_root_file_access(), sys.executable, "-c", check, str(run_dir)],
+                            capture_output=True, text=True, timeout=120, env=environment({}))
+    assert result.returncode != 0 and "RunDirectoryError: cannot write checkpoints" in result.stderr, result.stderr
+
+
+def test_a_run_directory_that_cannot_be_locked_is_one_line(tmp_path):
+    from tests.test_one_line_errors import environment, without_root_file_access
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run_dir.chmod(0o555)  # the directory exists (Hydra's log aside), but run.lock cannot be created in it
+    lock = "import sys; from training.run_dir import RunDirectoryLock; RunDirectoryLock(sys.argv[1]).acquire()"
+    result = subprocess.run([*without_root_file_access(), sys.executable, "-c", lock, str(run_dir)],
+                            capture_output=True, text=True, timeout=120, env=environment({}))
+    assert "RunDirectoryError: cannot lock" in result.stderr and "Permission denied" in result.stderr, result.stderr
 
 
 def test_a_full_disk_during_a_save_removes_the_partial_file_keeps_the_previous_checkpoint_and_says_what_is_lost(

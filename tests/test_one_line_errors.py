@@ -1,0 +1,211 @@
+"""Faults of the data, the device, the logging and the run directory stop train.py with one line that names the
+cause and the fix: no traceback, a non-zero exit status, nothing saved lost. Each test provokes the real fault."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data.embedded import prepare_embedded
+from data.shards import read_shard, write_shard
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_size=2", "train.block_size=16",
+         "train.eval_iters=1", "train.warmup_iters=1", "train.max_iters=2", "train.device=cpu"]
+# Root reads and writes whatever the permissions say (CI runs as root): these capabilities make it so.
+ROOT_FILE_ACCESS = "dac_override,dac_read_search"
+
+
+def without_root_file_access() -> list[str]:
+    """A command prefix that runs its command with the permissions of files enforced, even for root."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without util-linux's setpriv: cannot drop root's file access")
+    drop = f"-{ROOT_FILE_ACCESS.replace(',', ',-')}"
+    return ["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}"]
+
+
+def train(run_dir, *overrides, prefix=(), env=None, cwd=REPO):
+    return subprocess.run([*prefix, sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", *SMALL,
+                           *overrides], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env=environment(env or {}))
+
+
+def environment(changes: dict) -> dict:
+    """This process's environment with ``changes`` (None: the variable removed) and the repository importable."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), **changes}
+    return {key: value for key, value in env.items() if value is not None}
+
+
+def assert_one_line(result, *phrases) -> str:
+    """The run failed, printed no traceback, and its last line of stderr is the error naming ``phrases``."""
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "Traceback" not in output, output
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: "), output
+    for phrase in phrases:
+        assert phrase in last, last
+    return last
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    """A copy of the embedded corpus (train.bin, val.bin, manifest.json) to damage."""
+    copy = tmp_path / "corpus"
+    shutil.copytree(prepare_embedded(), copy)
+    return copy
+
+
+def edit_manifest(directory: Path, edit) -> None:
+    manifest = json.loads((directory / "manifest.json").read_text())
+    edit(manifest)
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("edit, phrases", [
+    (lambda m: m["shards"][0].pop("split"), ["shards[0] has no 'split'", "prepare the corpus again"]),
+    (lambda m: m.update(vocab_size="50257"), ["vocab_size is '50257', not an integer", "prepare the corpus again"]),
+], ids=["shard-without-split", "vocab-size-string"])
+def test_a_manifest_with_a_missing_or_mistyped_field_is_refused_by_name(tmp_path, corpus, edit, phrases):
+    edit_manifest(corpus, edit)
+    assert_one_line(train(tmp_path / "run", f"data.dir={corpus}"), str(corpus / "manifest.json"), *phrases)
+
+
+@pytest.mark.parametrize("content", [b"", b"\xff\xfe not json"], ids=["empty", "undecodable"])
+def test_an_empty_or_undecodable_manifest_is_refused(tmp_path, corpus, content):
+    (corpus / "manifest.json").write_bytes(content)
+    assert_one_line(train(tmp_path / "run", f"data.dir={corpus}"), "manifest.json", "prepare the corpus again")
+
+
+def test_a_shard_path_that_is_a_directory_is_named_as_one(tmp_path, corpus):
+    (corpus / "val.bin").unlink()
+    (corpus / "val.bin").mkdir()
+    assert_one_line(train(tmp_path / "run", f"data.dir={corpus}"), f"{corpus / 'val.bin'} is a directory")
+
+
+def test_a_data_dir_that_is_a_file_is_named_as_one(tmp_path, corpus):
+    assert_one_line(train(tmp_path / "run", f"data.dir={corpus / 'val.bin'}"), "is a file, not a directory")
+
+
+@pytest.mark.parametrize("unreadable", ["val.bin", "manifest.json", "."], ids=["shard", "manifest", "directory"])
+def test_unreadable_data_is_refused_naming_the_file(tmp_path, corpus, unreadable):
+    target = corpus / unreadable
+    target.chmod(0)
+    prefix = without_root_file_access()
+    probe = subprocess.run([*prefix, "cat", str(target / "manifest.json" if target.is_dir() else target)],
+                           capture_output=True)
+    assert probe.returncode != 0, "the test's process can still read the file: the fault would not happen"
+    last = assert_one_line(train(tmp_path / "run", f"data.dir={corpus}", prefix=prefix), "cannot read",
+                           "Permission denied", "make it readable")
+    assert str(corpus) in last
+
+
+def out_of_date_manifest(corpus: Path, vocab_size: int) -> None:
+    """Shards whose manifest promises ids below ``vocab_size`` while every fifth token is above it."""
+    for name in ("train.bin", "val.bin"):
+        tokens = np.array(read_shard(corpus / name)) % vocab_size
+        tokens[::5] = vocab_size + 500
+        write_shard(corpus / name, tokens)
+    edit_manifest(corpus, lambda m: (m.update(vocab_size=vocab_size, max_token_id=vocab_size - 1),
+                                     [shard.update(max_token_id=vocab_size - 1) for shard in m["shards"]]))
+
+
+def test_token_ids_beyond_the_vocabulary_behind_an_out_of_date_manifest_stop_the_run_by_name(tmp_path, corpus):
+    out_of_date_manifest(corpus, 1000)
+    assert_one_line(train(tmp_path / "run", f"data.dir={corpus}", "model.vocab_size=1024"),
+                    "holds token id 1500", "model.vocab_size is 1024", "prepare the corpus")
+
+
+@pytest.mark.parametrize("override", ["optimizer.lr=inf", "optimizer.gamma=nan", "optimizer.betas=[0.9,inf]"])
+def test_non_finite_hyperparameters_are_refused_at_start(tmp_path, override):
+    result = train(tmp_path / "run", override)
+    assert_one_line(result, f"{override.split('=')[0]}=", "is not a finite number")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before any step
+
+
+@pytest.mark.parametrize("device", ["foo", "mps"])
+def test_a_device_the_trainer_cannot_run_on_is_refused(tmp_path, device):
+    assert_one_line(train(tmp_path / "run", f"train.device={device}"), f"train.device={device}", "cpu")
+
+
+def test_wandb_online_without_credentials_says_how_to_log_in_or_run_without(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"HOME": str(home), "WANDB_CONFIG_DIR": str(home / "wandb"), "NETRC": str(home / "netrc"),
+           "WANDB_API_KEY": None, "WANDB_MODE": None}
+    result = train(tmp_path / "run", "wandb.mode=online", env=env)
+    assert_one_line(result, "wandb.mode=online", "No API key", "wandb login", "wandb.mode=offline")
+
+
+def test_a_stray_wandb_variable_left_in_the_shell_is_named(tmp_path):
+    result = train(tmp_path / "run", "wandb.mode=offline", env={"WANDB_MODE": "bogus"})
+    assert_one_line(result, "wandb.mode=offline could not start a wandb run", "mode")
+
+
+def test_a_run_directory_in_a_read_only_directory_is_refused_before_logging_starts(tmp_path):
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    result = train(read_only / "run", prefix=without_root_file_access())
+    assert_one_line(result, f"cannot write the run directory {read_only / 'run'}", "Permission denied",
+                    "hydra.run.dir")
+
+
+def test_a_read_only_run_directory_refuses_the_resume_and_keeps_the_run(tmp_path):
+    run_dir = tmp_path / "run"
+    first = train(run_dir)
+    assert first.returncode == 0, first.stderr
+    saved = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+    for path in [run_dir, *run_dir.rglob("*")]:
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    result = train(run_dir, "train.resume=true", "train.max_iters=4", prefix=without_root_file_access())
+    assert_one_line(result, "cannot write the run directory", "Permission denied")
+    assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == saved
+
+
+def test_a_default_run_directory_under_a_read_only_working_directory_is_refused(tmp_path):
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    result = subprocess.run([*without_root_file_access(), sys.executable, str(REPO / "train.py"), *SMALL],
+                            cwd=read_only, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert_one_line(result, f"cannot write the run directory {read_only / 'outputs'}", "hydra.run.dir")
+
+
+def test_a_second_ctrl_c_stops_at_once_with_one_line_and_keeps_the_checkpoints(tmp_path):
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", *SMALL,
+                                "train.max_iters=100000", "train.checkpoint_interval=2", "train.log_interval=1",
+                                # steps long enough for the second signal to arrive during one
+                                "model.n_layer=4", "model.n_embd=256", "train.batch_size=8", "train.block_size=64"],
+                               cwd=REPO, env=environment({}), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    deadline = time.monotonic() + 300
+    while not list((run_dir / "checkpoints").glob("ckpt_*.pt")):
+        assert process.poll() is None and time.monotonic() < deadline, "the run wrote no checkpoint"
+        time.sleep(0.05)
+    saved = {path: path.read_bytes() for path in (run_dir / "checkpoints").glob("ckpt_*.pt")}
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.1)  # two separate signals, the first handled by then
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=300)
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    assert_one_line(result, "second Ctrl-C", "train.resume=true")
+    for path, content in saved.items():  # the first signal may add a checkpoint; none is lost or torn
+        assert path.read_bytes() == content
+    assert not list((run_dir / "checkpoints").glob("*.tmp"))
+
+
+def test_launcher_variables_left_in_the_shell_are_named_with_how_to_clear_them(tmp_path):
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": None, "MASTER_ADDR": None, "MASTER_PORT": None}
+    assert_one_line(train(tmp_path / "run", env=env), "RANK=0 WORLD_SIZE=2",
+                    "LOCAL_RANK, MASTER_ADDR, MASTER_PORT unset", "unset RANK WORLD_SIZE")
