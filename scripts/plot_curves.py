@@ -27,24 +27,13 @@ import numpy as np  # noqa: E402
 
 from scripts.runs import (Run, Setting, display_corpus, display_model, display_optimizer,  # noqa: E402
                           group_settings, optimizer_order, plot_command, setting_labels, tokens_label,
-                          where_stopped)
+                          training_seconds, where_stopped)
 
 log = logging.getLogger(__name__)
 
 TOKEN_UNITS = (("billions", 1e9), ("millions", 1e6), ("thousands", 1e3), ("", 1.0))
 TIME_UNITS = (("hours", 3600.0), ("minutes", 60.0), ("seconds", 1.0))
 ZOOM_EVALUATIONS = 20  # from this many evaluations per curve on, the first steps (from ~10.9) are cut off
-
-
-def training_seconds(run: Run, steps: np.ndarray) -> np.ndarray:
-    """Cumulative training time at ``steps``, interpolated between the logged training records."""
-    logged = sorted((r["step"], r["step_ms"]) for r in run.records if "step_ms" in r)
-    at, elapsed, previous = [0], [0.0], 0
-    for step, step_ms in logged:
-        elapsed.append(elapsed[-1] + step_ms / 1000 * (step - previous))
-        at.append(step)
-        previous = step
-    return np.interp(steps, at, elapsed)
 
 
 def seed_curves(setting: Setting) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
