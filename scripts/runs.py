@@ -222,10 +222,11 @@ def composed_config(overrides: list[str]) -> dict | None:
         return None
 
 
-def configured_tokens_per_step(train_cfg: dict) -> int:
-    """Tokens per step as the config says on one process (train.global_batch_size counts every rank)."""
+def configured_tokens_per_step(train_cfg: dict) -> float:
+    """Tokens per step as the config says on one process (train.global_batch_size counts every rank); a float, as
+    the log's tokens / steps are, so that the settings of both kinds of run compare equal."""
     sequences = train_cfg.get("global_batch_size") or train_cfg["batch_size"] * train_cfg["grad_accum_steps"]
-    return sequences * train_cfg["block_size"]
+    return float(sequences * train_cfg["block_size"])
 
 
 def load_run(run_dir: Path) -> Run:
