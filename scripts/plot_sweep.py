@@ -125,7 +125,7 @@ def sweep_lines(runs: list[Run], parameter: str) -> dict[tuple[str, str, float],
 
 def plot_panel(lines: list[SweepLine], parameter: str, title: str, path: Path) -> None:
     figure = panel_figure(lines, parameter, title)
-    figure.savefig(path, dpi=150, bbox_inches="tight")  # with the legend below the axes
+    figure.savefig(path, dpi=150, bbox_inches="tight")  # with the legend beside the axes
     plt.close(figure)
 
 
@@ -154,9 +154,9 @@ def panel_figure(lines: list[SweepLine], parameter: str, title: str) -> plt.Figu
     axes.set_ylabel("best validation loss (mean over seeds; bars: min-max)")
     axes.set_title(title)
     axes.grid(alpha=0.3)
-    # Below the axes: reasons of failed points are long, and a legend inside would hide points.
-    axes.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize="small")
-    figure.tight_layout()
+    figure.tight_layout()  # for the axes alone: the file, saved with bbox_inches="tight", takes the legend in
+    # Beside the axes: reasons of failed points are long, and a legend inside would hide points.
+    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
     return figure
 
 

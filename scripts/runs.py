@@ -88,11 +88,15 @@ class Run:
         return self.failure is not None
 
     @property
+    def failed_at(self) -> str:
+        """``diverged at step 40``, ``refused``: how and where it failed."""
+        kind = self.failure["kind"]
+        return kind if kind == "refused" else f"{kind} at step {self.failure.get('step', 0):,}"
+
+    @property
     def failure_note(self) -> str:
         """``diverged at step 40: the loss is nan``, ``refused: optimizer.lr must be positive, got -1.0``."""
-        kind, step = self.failure["kind"], self.failure.get("step", 0)
-        where = f" at step {step:,}" if kind != "refused" else ""
-        return f"{kind}{where}: {self.failure['reason']}"
+        return f"{self.failed_at}: {self.failure['reason']}"
 
     @property
     def seed(self) -> int | None:

@@ -79,9 +79,14 @@ def reach_cells(reach: SettingReach, reference: SettingReach | None) -> list[str
     tokens = count_label(reach.tokens) + spread([r.tokens for r in reach.reached], count_label) + some
     time = MISSING
     if reach.seconds is not None:
-        time = format_duration(reach.seconds) + spread([r.seconds for r in reach.reached], format_duration) + some
+        time = duration_label(reach.seconds) + spread([r.seconds for r in reach.reached], duration_label) + some
     return [tokens, time, ratio(reach.tokens, reference and reference.tokens),
             ratio(reach.seconds, reference and reference.seconds)]
+
+
+def duration_label(seconds: float) -> str:
+    """9.38s below a minute (short runs differ in tenths), else 1h02m03s."""
+    return f"{seconds:.3g}s" if seconds < 60 else format_duration(seconds)
 
 
 def ratio(value: float | None, reference: float | None) -> str:

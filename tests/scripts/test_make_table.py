@@ -10,8 +10,7 @@ import pytest
 
 from scripts.make_table import PAPER_VAL_LOSS, load_wandb_csv, main, make_table
 from scripts.runs import count_label, load_runs
-from scripts.target_loss import Reached, reached
-from training.metrics import format_duration
+from scripts.target_loss import Reached, duration_label, reached
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 TOKENS_PER_STEP = 491_520
@@ -283,10 +282,10 @@ def test_target_loss_gives_tokens_and_training_time_to_reach_it_and_the_ratio_to
     assert adamw[3:] == [  # the first row, the reference: AdamW, two seeds
         "AdamW", "0.001", "–", "2",
         f"{count_label(statistics.fmean(adamw_tokens))} ± {count_label(statistics.stdev(adamw_tokens))}",
-        f"{format_duration(statistics.fmean(adamw_seconds))} ± {format_duration(statistics.stdev(adamw_seconds))}",
+        f"{duration_label(statistics.fmean(adamw_seconds))} ± {duration_label(statistics.stdev(adamw_seconds))}",
         "1.00x", "1.00x"]
     assert mars[3] == "MARS-approx" and mars[7:] == [
-        count_label(mars_step * 1024), format_duration(mars_step * 0.2),
+        count_label(mars_step * 1024), duration_label(mars_step * 0.2),
         f"{mars_step * 1024 / statistics.fmean(adamw_tokens):.2f}x",
         f"{mars_step * 0.2 / statistics.fmean(adamw_seconds):.2f}x"]
     assert muon[3] == "Muon" and muon[7:] == ["not reached", "not reached", "–", "–"]
