@@ -298,3 +298,18 @@ def test_cli_takes_a_target_loss(paper_runs, tmp_path, capsys):
     target = capsys.readouterr().out.split("### Tokens and training time to validation loss 3.3", 1)[1]
     rows = [line.split("|")[4].strip() for line in target.splitlines() if line.startswith("| OpenWebText |")]
     assert rows == ["AdamW", "MARS-approx", "MARS-approx"]
+
+
+def test_a_wandb_export_reaches_a_target_at_the_presets_tokens_per_step_and_has_no_training_time(tmp_path):
+    path = tmp_path / "val_loss.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["Step", "owt-gpt2-small-5b-muon - val/loss"])
+        writer.writerows([[0, 10.9], [5_000, 3.5], [10_000, 3.1]])
+    run, = load_wandb_csv(path)
+    step = interpolated((3.5, 5_000), (3.1, 10_000), 3.3)
+    assert reached(run, 3.3) == Reached(tokens=pytest.approx(step * 5e9 / 10_000), seconds=None)
+    target = make_table([run], target_loss=3.3).split("### Tokens and training time to validation loss 3.3", 1)[1]
+    muon = next(line for line in target.splitlines() if line.startswith("| OpenWebText |"))
+    assert [cell.strip() for cell in muon.strip("|").split("|")][7:] == [count_label(step * 5e9 / 10_000), "–",
+                                                                         "1.00x", "–"]
