@@ -150,8 +150,8 @@ def every_point_lines(runs: list[Run]) -> dict[tuple[str, str], list[tuple[str, 
     for (corpus, model, budget, optimizer), settings in groups.items():
         several_budgets = len({key[2] for key in groups if key[:2] == (corpus, model)}) > 1
         name = display_optimizer(optimizer) + (f", {tokens_label(budget)} tokens" if several_budgets else "")
-        for setting, values in zip(settings, setting_differences(settings)):
-            label = ", ".join([name, *(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in values.items())])
+        for setting, values, differences in zip(settings, setting_differences(settings), setting_labels(settings)):
+            label = ", ".join(filter(None, [name, differences]))
             order = (budget, optimizer_order(optimizer), numeric_order(values.values()), setting.failed)
             figures.setdefault((corpus, model), []).append((order, label, setting))
     return {key: [(label, setting) for _, label, setting in sorted(entries, key=lambda entry: entry[0])]
