@@ -1,7 +1,7 @@
 """Best validation loss per optimizer x model size x token budget, beside the MARS paper's, as markdown.
 
     python -m scripts.make_table 'outputs/**' 'multirun/2026-11-*' [--wandb-csv val_loss.csv ...] \\
-        [--out table.md]
+        [--out table.md] [--target-loss 3.3]
 
 Reads the run directories that the patterns match (or that lie below a matched directory): ``metrics.jsonl``
 and ``.hydra/config.yaml``. Optionally reads wandb CSV exports of a ``val/loss`` chart (columns ``Step`` and
@@ -10,8 +10,12 @@ presets in configs/experiment/ set as wandb.run_name). Runs that differ only in 
 the settings of one optimizer (a sweep), the best is reported. The first table has the paper's layout, one per
 corpus, each cell ``ours / paper (ours - paper)``; the second lists every setting. A figure that includes a run
 whose last logged step is short of its max_iters (preempted and never resumed, killed, still running) is marked
-``*``, and the legend and the runs column say where each such run stopped. The table is printed and written to
-``--out``, by default ``val_loss_table.md`` in the deepest directory holding every run and export.
+``*``, and the legend and the runs column say where each such run stopped. A sweep point that was refused,
+diverged or failed (``failure.json``) has a row of its own marked failed, with its reason; two runs of one
+setting with the same seed count once (the table says which it kept and why). With ``--target-loss X``, a third
+table gives the tokens and training time each setting took to reach validation loss X (see
+scripts/target_loss.py). The table is printed and written to ``--out``, by default ``val_loss_table.md`` in the
+deepest directory holding every run and export.
 
 Two kinds of figure stand at a budget B such as 5B tokens, in rows of their own: that of separate runs configured
 for B (a cosine schedule that ends at B: the presets of that budget), and, in the rows "<optimizer>, within <L>
@@ -34,7 +38,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from scripts.runs import (Run, Setting, display_corpus, display_model, display_optimizer, find_run_dirs,
-                          group_settings, load_run, optimizer_order, size_order, tokens_label, where_stopped)
+                          group_settings, load_run, optimizer_order, short_name, size_order, tokens_label,
+                          where_stopped)
+from scripts.target_loss import target_table
 
 # Best validation loss on OpenWebText: Yuan et al., "MARS: Unleashing the Power of Variance Reduction for
 # Training Large Models", ICML 2025, arXiv 2411.10438, as tabulated in the README of AGI-Arena/MARS.
@@ -197,7 +203,7 @@ def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
              "within first B: the best validation loss within the first B tokens of these runs)",
              "", "| corpus | model | tokens | optimizer | lr | gamma | seeds | best val loss | sd | fixed windows | "
              "within first B | runs | code |", "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
-    any_stopped = any_mixed_code = False
+    any_stopped = any_mixed_code = any_failed = any_left_out = False
     for (corpus, model, budget, optimizer), settings in sorted(groups.items(), key=lambda item: group_order(*item[0])):
         budgets = budget_columns(groups, corpus)
         for setting in settings:
@@ -205,15 +211,15 @@ def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
             spread = f"{statistics.stdev(losses):.3f}" if len(losses) > 1 else MISSING
             mark = STOPPED if setting.stopped_runs else ""
             any_stopped |= bool(mark)
-            best = f"{statistics.fmean(losses):.3f}{mark}" if losses else MISSING
+            any_failed |= setting.failed
+            any_left_out |= bool(setting.left_out)
+            best = f"{statistics.fmean(losses):.3f}{mark}" if losses else failed_cell(setting)
+            lr, gamma = number_cell(run.lr), number_cell(run.gamma)
             fixed = setting.mean_best_val_loss_fixed
             fixed = MISSING if fixed is None else f"{fixed:.3f}{mark}"
-            lr = f"{run.lr:g}" if run.lr is not None else MISSING
-            gamma = f"{run.gamma:g}" if run.gamma is not None else MISSING
             within = ", ".join(f"{tokens_label(b)}: {loss:.3f}"
                                for b, loss in within_run_losses(setting, budget, budgets).items()) or MISSING
-            names = ", ".join(Path(r.name).name + (f" (stopped {r.stopped_at})" if r.stopped_early else "")
-                              for r in setting.runs)
+            names = runs_cell(setting)
             any_mixed_code |= len(setting.code) > 1
             lines.append(f"| {display_corpus(corpus)} | {display_model(model)} | {tokens_label(budget)} | "
                          f"{display_optimizer(optimizer)} | {lr} | {gamma} | {len(setting.runs)} | {best} | "
@@ -229,14 +235,61 @@ def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
     if any_stopped:
         lines += ["", f"Best val losses marked {STOPPED} include runs that stopped before their configured steps: "
                   "the runs column says where."]
+    if any_failed:
+        lines += ["", "Rows marked failed are sweep points that were refused, diverged or failed otherwise "
+                  "(failure.json in the run directory): the runs column gives each one's reason. A failed run is "
+                  "never averaged with the healthy seeds of its setting: it has a row of its own, without a loss."]
+    if any_left_out:
+        lines += ["", "Runs of one setting with the same seed (a sweep run again in another directory) are one run, "
+                  "not two seeds: the runs column names the one kept (one that did not fail, then the one that "
+                  "trained furthest, then the newest) and, after \"left out:\", the others and why."]
     return lines + [""]
 
 
-def make_table(runs: list[Run]) -> str:
+def number_cell(value: float | None) -> str:
+    return MISSING if value is None else f"{value:g}"
+
+
+def failed_cell(setting: Setting) -> str:
+    """``failed (diverged)`` for a setting of failed runs; else no loss yet."""
+    if not setting.failed:
+        return MISSING
+    return f"failed ({', '.join(dict.fromkeys(run.failure['kind'] for run in setting.runs))})"
+
+
+def runs_cell(setting: Setting) -> str:
+    """The runs of a setting by directory name, each with where it stopped or why it failed, then the runs of a
+    seed already counted (``left out: ...``)."""
+    def note(run: Run) -> str:
+        if run.failed:
+            return f" ({run.failure_note})"
+        return f" (stopped {run.stopped_at})" if run.stopped_early else ""
+
+    names = ", ".join(Path(run.name).name + note(run) for run in setting.runs)
+    if setting.left_out:
+        names += "; left out: " + ", ".join(f"{short_name(left.run)} ({left.reason})" for left in setting.left_out)
+    return names
+
+
+def labelled_settings(groups: dict[tuple, list[Setting]]) -> list[tuple[tuple, Setting, list[str]]]:
+    """Every setting in the order of the table of every setting, with its (corpus, model, budget) and its label
+    cells: corpus, model, tokens, optimizer, lr, gamma."""
+    rows = []
+    for (corpus, model, budget, optimizer), settings in sorted(groups.items(), key=lambda item: group_order(*item[0])):
+        for setting in settings:
+            labels = [display_corpus(corpus), display_model(model), tokens_label(budget), display_optimizer(optimizer),
+                      number_cell(setting.first.lr), number_cell(setting.first.gamma)]
+            rows.append(((corpus, model, budget), setting, labels))
+    return rows
+
+
+def make_table(runs: list[Run], target_loss: float | None = None) -> str:
     groups = group_settings(runs)
     if not groups:
-        raise ValueError("no runs with a logged training step: nothing to tabulate")
-    return "\n".join(paper_layout(groups) + settings_table(groups) + [f"Paper numbers: {PAPER_CITATION}.", ""])
+        raise ValueError("no runs found: nothing to tabulate")
+    target = [] if target_loss is None else target_table(labelled_settings(groups), target_loss)
+    return "\n".join(paper_layout(groups) + settings_table(groups) + target
+                     + [f"Paper numbers: {PAPER_CITATION}.", ""])
 
 
 def default_out(sources: list[Path]) -> Path:
@@ -255,12 +308,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--wandb-csv", type=Path, nargs="*", default=[], help="wandb chart exports of val/loss")
     parser.add_argument("--out", type=Path, help=f"markdown file to write (default: {DEFAULT_OUT_NAME} in the "
                         "deepest directory holding every run and wandb export)")
+    parser.add_argument("--target-loss", type=float, metavar="X", help="also tabulate the tokens and training time "
+                        "each setting took to reach validation loss X, and their ratio to the first optimizer's")
     args = parser.parse_args(argv)
     try:
         run_dirs = find_run_dirs(args.runs)
-        runs = [run for run in map(load_run, run_dirs) if run is not None]
+        runs = list(map(load_run, run_dirs))
         runs += [run for path in args.wandb_csv for run in load_wandb_csv(path)]
-        table = make_table(runs)
+        table = make_table(runs, args.target_loss)
         out = args.out or default_out([*run_dirs, *args.wandb_csv])
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None

@@ -1,6 +1,6 @@
 """Validation loss against tokens and against training time, one figure per model size, like the MARS paper's.
 
-    python -m scripts.plot_curves 'outputs/**' 'multirun/2026-11-*' [--out results/curves]
+    python -m scripts.plot_curves 'outputs/**' 'multirun/2026-11-*' [--out results/curves] [--every-point]
 
 For each corpus and model size, writes ``val_loss_vs_tokens_<corpus>_<model>.png`` and
 ``val_loss_vs_time_<corpus>_<model>.png`` under ``--out``: one line per optimizer (and token budget), from the
@@ -15,6 +15,11 @@ A line drawn from a run whose last logged step is short of its max_iters (preemp
 or still running: ``Run.stopped_early``) ends where that run stopped, even if its other seeds went further. Its
 label says so, naming such runs and where they stopped as the table does
 (``AdamW (2 seeds; stopped: adamw-seed2 at step 1,200 of 10,000)``), and a warning is logged for each.
+
+With ``--every-point``, ``val_loss_vs_{tokens,time}_<corpus>_<model>_every_point.png`` draw every setting (every
+point of a sweep, seeds averaged) instead of each optimizer's best, labelled by the values that set it apart
+(``MARS-approx, gamma=0.005``) in numeric order. A failed point (refused, diverged: its ``failure.json``) is
+dashed up to its last evaluation, which is a cross; its label says how and where it failed.
 """
 import logging
 from pathlib import Path
@@ -26,30 +31,21 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from scripts.runs import (Run, Setting, display_corpus, display_model, display_optimizer,  # noqa: E402
-                          group_settings, optimizer_order, plot_command, setting_labels, tokens_label,
-                          where_stopped)
+                          group_settings, numeric_order, optimizer_order, plot_command, setting_differences,
+                          setting_labels, tokens_label, training_seconds, where_stopped)
 
 log = logging.getLogger(__name__)
 
 TOKEN_UNITS = (("billions", 1e9), ("millions", 1e6), ("thousands", 1e3), ("", 1.0))
 TIME_UNITS = (("hours", 3600.0), ("minutes", 60.0), ("seconds", 1.0))
 ZOOM_EVALUATIONS = 20  # from this many evaluations per curve on, the first steps (from ~10.9) are cut off
-
-
-def training_seconds(run: Run, steps: np.ndarray) -> np.ndarray:
-    """Cumulative training time at ``steps``, interpolated between the logged training records."""
-    logged = sorted((r["step"], r["step_ms"]) for r in run.records if "step_ms" in r)
-    at, elapsed, previous = [0], [0.0], 0
-    for step, step_ms in logged:
-        elapsed.append(elapsed[-1] + step_ms / 1000 * (step - previous))
-        at.append(step)
-        previous = step
-    return np.interp(steps, at, elapsed)
+CYCLE_COLORS = 10  # lines the default colour cycle tells apart; more are drawn from tab20
 
 
 def seed_curves(setting: Setting) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(tokens, seconds, loss) per seed at the evaluation steps every seed has: arrays of (seeds, evaluations)."""
     shared = sorted(set.intersection(*({r["step"] for r in run.evaluations} for run in setting.runs)))
+    # (An empty list for a run without evaluations: a point refused before it trained.)
     steps = np.array(shared)
     tokens, seconds, losses = [], [], []
     for run in setting.runs:
@@ -72,45 +68,54 @@ def curve_label(name: str, setting: Setting) -> str:
     notes = [f"{len(setting.runs)} seeds"] if len(setting.runs) > 1 else []
     if setting.stopped_runs:
         notes.append(f"stopped: {where_stopped(setting.stopped_runs)}")
+    if setting.failed:
+        notes.append(", ".join(run.failed_at for run in setting.runs))
     return f"{name} ({'; '.join(notes)})" if notes else name
 
 
 def plot_group(lines: list[tuple[str, Setting]], x_axis: str, title: str, path: Path) -> None:
     figure = group_figure(lines, x_axis, title)
-    figure.savefig(path, dpi=150)
+    figure.savefig(path, dpi=150, bbox_inches="tight")  # with the legend beside the axes
     plt.close(figure)
 
 
 def group_figure(lines: list[tuple[str, Setting]], x_axis: str, title: str) -> plt.Figure:
     """One line per (name, setting) in ``lines``, against training tokens or time (``x_axis``)."""
     figure, axes = plt.subplots(figsize=(6, 4.5))
-    curves = [(curve_label(name, setting), *seed_curves(setting)) for name, setting in lines]
-    column = 2 if x_axis == "tokens" else 3  # (label, steps, tokens, seconds, losses)
+    if len(lines) > CYCLE_COLORS:
+        axes.set_prop_cycle(color=plt.cm.tab20.colors)
+    curves = [(curve_label(name, setting), *seed_curves(setting), setting.failed) for name, setting in lines]
+    column = 2 if x_axis == "tokens" else 3  # (label, steps, tokens, seconds, losses, failed)
     unit, scale = pick_unit(max(curve[column].max(initial=0.0) for curve in curves),
                             TOKEN_UNITS if x_axis == "tokens" else TIME_UNITS)
-    for label, _, tokens, seconds, losses in curves:
+    for label, _, tokens, seconds, losses, failed in curves:
         x = (tokens if x_axis == "tokens" else seconds).mean(axis=0) / scale
-        axes.plot(x, losses.mean(axis=0), label=label)
+        [drawn] = axes.plot(x, losses.mean(axis=0), label=label, linestyle="--" if failed else "-",
+                            marker="x" if failed else None, markevery=[-1] if failed and x.size else None)
         if len(losses) > 1:
-            axes.fill_between(x, losses.min(axis=0), losses.max(axis=0), alpha=0.2)
+            axes.fill_between(x, losses.min(axis=0), losses.max(axis=0), alpha=0.2, color=drawn.get_color())
     quantity = "training tokens" if x_axis == "tokens" else "training time"
     axes.set_xlabel(f"{quantity} ({unit})" if unit else quantity)
     axes.set_ylabel("validation loss")
-    lowest = min(losses.mean(axis=0).min() for *_, losses in curves)
-    highest = max(losses.max() for *_, losses in curves)
-    if min(losses.shape[1] for *_, losses in curves) >= ZOOM_EVALUATIONS:
+    evaluated = [losses for *_, losses, _ in curves if losses.size]
+    lowest = min(losses.mean(axis=0).min() for losses in evaluated)
+    highest = max(losses.max() for losses in evaluated)
+    if min(losses.shape[1] for losses in evaluated) >= ZOOM_EVALUATIONS:
         # As in the paper's figures: the last unit of loss above the best, not the first steps from ~10.9.
         highest = min(highest, lowest + 1.0)
     axes.set_ylim(lowest - 0.05, highest + 0.05)
     axes.set_title(title)
     axes.grid(alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
+    figure.tight_layout()  # for the axes alone: the file, saved with bbox_inches="tight", takes the legend in
+    # Beside the axes: a sweep's every point makes a long legend, which inside would hide the curves.
+    axes.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
     return figure
 
 
-def plot_curves(runs: list[Run], out: Path) -> list[Path]:
+def plot_curves(runs: list[Run], out: Path, every_point: bool = False) -> list[Path]:
     """Write both figures for every (corpus, model) among ``runs``; returns the files written."""
+    if every_point:
+        return plot_every_point(runs, out)
     figures: dict[tuple[str, str], list[tuple[float, str, Setting, str]]] = {}
     for (corpus, model, budget, optimizer), settings in group_settings(runs).items():
         best = settings[0]
@@ -137,8 +142,43 @@ def plot_curves(runs: list[Run], out: Path) -> list[Path]:
     return written
 
 
+def every_point_lines(runs: list[Run]) -> dict[tuple[str, str], list[tuple[str, Setting]]]:
+    """Per (corpus, model): every setting, labelled by its optimizer (and budget, where several) and the values
+    that set it apart from the other settings of its optimizer, in numeric order of those values."""
+    groups = group_settings(runs)
+    figures: dict[tuple[str, str], list[tuple[tuple, str, Setting]]] = {}
+    for (corpus, model, budget, optimizer), settings in groups.items():
+        several_budgets = len({key[2] for key in groups if key[:2] == (corpus, model)}) > 1
+        name = display_optimizer(optimizer) + (f", {tokens_label(budget)} tokens" if several_budgets else "")
+        for setting, values, differences in zip(settings, setting_differences(settings), setting_labels(settings)):
+            label = ", ".join(filter(None, [name, differences]))
+            order = (budget, optimizer_order(optimizer), numeric_order(values.values()), setting.failed)
+            figures.setdefault((corpus, model), []).append((order, label, setting))
+    return {key: [(label, setting) for _, label, setting in sorted(entries, key=lambda entry: entry[0])]
+            for key, entries in figures.items()}
+
+
+def plot_every_point(runs: list[Run], out: Path) -> list[Path]:
+    """Both figures for every (corpus, model), with a line for every setting; returns the files written."""
+    figures = {key: lines for key, lines in every_point_lines(runs).items()
+               if any(run.evaluations for _, setting in lines for run in setting.runs)}
+    if not figures:
+        raise ValueError("no runs with an evaluation: nothing to plot")
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for (corpus, model), lines in sorted(figures.items()):
+        for x_axis in ("tokens", "time"):
+            path = out / f"val_loss_vs_{x_axis}_{corpus}_{model}_every_point.png"
+            plot_group(lines, x_axis, f"{display_model(model)}, {display_corpus(corpus)}: every setting", path)
+            written.append(path)
+    return written
+
+
 def main(argv: list[str] | None = None) -> None:
-    plot_command("python -m scripts.plot_curves", __doc__, "results/curves", plot_curves, argv)
+    plot_command("python -m scripts.plot_curves", __doc__, "results/curves", plot_curves, argv,
+                 add_options=lambda parser: parser.add_argument(
+                     "--every-point", action="store_true", help="draw every setting (every point of a sweep), not "
+                     "each optimizer's best: *_every_point.png"))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ is the mean over seeds of each run's best validation loss, its bar spans the see
 A point whose seeds include a run whose last logged step is short of its max_iters (preempted and never resumed,
 killed, or still running: ``Run.stopped_early``) is drawn hollow, and the legend says what that means: such a
 run's best loss is that of the steps it reached, short of those configured (make_table marks such figures
-``*``). A warning names such runs and where they stopped.
+``*``). A warning names such runs and where they stopped. A point that failed (refused, diverged: its
+``failure.json``) has no loss: it is a cross at the bottom of the axes, in its line's colour, and the legend gives
+its reason. Lines are in the order of the optimizers, then of the value held fixed, in numeric order.
 """
 import json
 import logging
@@ -25,11 +27,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from scripts.runs import (Run, Setting, display_corpus, display_model, display_optimizer,  # noqa: E402
-                          group_settings, optimizer_order, plot_command, tokens_label, where_stopped)
+                          group_settings, numeric_order, optimizer_order, plot_command, tokens_label, where_stopped)
 
 log = logging.getLogger(__name__)
 SWEPT = {"lr": "learning rate", "gamma": "gamma (MARS)"}
 STOPPED_NOTE = "hollow: includes runs stopped before their configured steps"
+FAILURE_NOTE_LENGTH = 60  # characters of a failed point's reason in the legend
 
 
 @dataclass
@@ -41,6 +44,7 @@ class SweepLine:
     high: list[float] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
     stopped: list[list[Run]] = field(default_factory=list)  # per point, its seeds that stopped before max_iters
+    failed: list[tuple[float, Run]] = field(default_factory=list)  # (swept value, run) of each failed point
 
 
 # Learning rates that an lr sweep may move with the swept one (MARS's lr_1d, Muon's AdamW part) or hold fixed.
@@ -86,11 +90,12 @@ def sweep_lines(runs: list[Run], parameter: str) -> dict[tuple[str, str, float],
             group_settings(runs).items(), key=lambda item: optimizer_order(item[0][3])):
         groups: dict[str, list[Setting]] = {}
         for setting in settings:
-            if getattr(setting.first, parameter) is not None and setting.best_val_losses:
+            if getattr(setting.first, parameter) is not None and (setting.best_val_losses or setting.failed):
                 groups.setdefault(without(setting.first, parameter), []).append(setting)
         lines = [line for members in groups.values()
                  for line in (split_by_followers(members) if parameter == "lr" else [members])]
         other = "gamma" if parameter == "lr" else "lr"
+        lines.sort(key=lambda members: numeric_order([getattr(members[0].first, other)]))
         for members in lines:
             if len(members) < 2:
                 continue
@@ -100,6 +105,9 @@ def sweep_lines(runs: list[Run], parameter: str) -> dict[tuple[str, str, float],
             label = display_optimizer(optimizer) + (f", {other} {fixed:g}" if several and fixed is not None else "")
             line = SweepLine(label)
             for setting in members:
+                if setting.failed:
+                    line.failed += [(getattr(setting.first, parameter), run) for run in setting.runs]
+                    continue
                 losses = setting.best_val_losses
                 line.x.append(getattr(setting.first, parameter))
                 line.mean.append(setting.mean_best_val_loss)
@@ -117,24 +125,26 @@ def sweep_lines(runs: list[Run], parameter: str) -> dict[tuple[str, str, float],
 
 def plot_panel(lines: list[SweepLine], parameter: str, title: str, path: Path) -> None:
     figure = panel_figure(lines, parameter, title)
-    figure.savefig(path, dpi=150)
+    figure.savefig(path, dpi=150, bbox_inches="tight")  # with the legend beside the axes
     plt.close(figure)
 
 
 def panel_figure(lines: list[SweepLine], parameter: str, title: str) -> plt.Figure:
     """The ``lines`` against the swept ``parameter``; points with stopped runs hollow, and the legend says so."""
     figure, axes = plt.subplots(figsize=(6, 4.5))
-    handles = []
+    handles, failed = [], []
     for line in lines:
         errors = [[m - lo for m, lo in zip(line.mean, line.low)], [hi - m for m, hi in zip(line.mean, line.high)]]
         handles.append(axes.errorbar(line.x, line.mean, yerr=errors, marker="o", capsize=3, label=line.label))
+        mean_line = handles[-1].lines[0]
         stopped = [(x, mean) for x, mean, runs in zip(line.x, line.mean, line.stopped) if runs]
         if stopped:
             # Over the filled markers, which errorbar draws above its bars; in the line's colour, so that the
             # next line does not take another from the cycle.
-            mean_line = handles[-1].lines[0]
             axes.plot(*zip(*stopped), linestyle="none", marker="o", color=mean_line.get_color(),
                       markerfacecolor="white", zorder=mean_line.get_zorder() + 0.1)
+        failed += [failed_point(axes, line, x, run, parameter, mean_line.get_color()) for x, run in line.failed]
+    handles += failed
     if any(runs for line in lines for runs in line.stopped):
         handles.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="white", markeredgecolor="gray",
                               label=STOPPED_NOTE))
@@ -144,9 +154,21 @@ def panel_figure(lines: list[SweepLine], parameter: str, title: str) -> plt.Figu
     axes.set_ylabel("best validation loss (mean over seeds; bars: min-max)")
     axes.set_title(title)
     axes.grid(alpha=0.3)
-    axes.legend(handles=handles)
-    figure.tight_layout()
+    figure.tight_layout()  # for the axes alone: the file, saved with bbox_inches="tight", takes the legend in
+    # Beside the axes: reasons of failed points are long, and a legend inside would hide points.
+    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
     return figure
+
+
+def failed_point(axes: plt.Axes, line: SweepLine, x: float, run: Run, parameter: str, color) -> Line2D:
+    """A cross at the bottom of the axes where a failed point lies (nowhere if a log axis cannot show its value),
+    and its legend entry: the line, the value and the reason."""
+    cross = {"linestyle": "none", "marker": "x", "markersize": 9, "markeredgewidth": 2, "color": color}
+    if parameter != "lr" or x > 0:
+        axes.plot([x], [0], transform=axes.get_xaxis_transform(), clip_on=False, **cross)
+    note = run.failure_note
+    note = note if len(note) <= FAILURE_NOTE_LENGTH else note[:FAILURE_NOTE_LENGTH - 1] + "…"
+    return Line2D([], [], label=f"{line.label}, {parameter} {x:g} {note}", **cross)
 
 
 def plot_sweeps(runs: list[Run], out: Path) -> list[Path]:

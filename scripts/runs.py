@@ -7,6 +7,11 @@ the same size (train.py logs the tokens of each split at each launch) share a ``
 it; a run resumed with changed settings, seed or data (a ``changed`` record in its log, or other shards read) is
 a setting of its own. A run whose last logged step is short of its ``max_iters`` (``Run.stopped_early``) stopped
 or is still going: the table and the figures mark it.
+A sweep point that was refused, diverged or failed holds ``failure.json`` (its kind, reason, last step and
+overrides; a refused point may hold nothing else): it is a run too (``Run.failure``), never pooled with the
+healthy seeds of its setting but a setting of its own (:func:`split_failed`). Two runs of one setting with the
+same ``train.seed`` (a sweep and a re-run of it in another directory) are one run, not two seeds: the one that
+trained furthest is kept, and the other is named as left out (:func:`one_run_per_seed`).
 Besides a run's best validation loss, its best within the first B tokens (``Run.best_val_loss_within``) is what
 a shorter budget B reads off a longer run.
 Used by ``scripts.make_table``, ``scripts.plot_curves`` and ``scripts.plot_sweep``.
@@ -25,14 +30,23 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from configs.schema import OPTIMIZER_SCHEMAS, DataConfig, ModelConfig, TrainConfig
+from configs.schema import OPTIMIZER_SCHEMAS, DataConfig, ModelConfig, TrainConfig, register_configs
 from training.metrics import METRICS_FILE, read_metrics
 from training.resume import flat_items
 
 log = logging.getLogger(__name__)
 
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+# What train.py writes into a sweep point that was refused, diverged or failed otherwise (removed by a later
+# successful launch): {"kind", "reason", "step", "overrides", "time"}.
+FAILURE_FILE = "failure.json"
+UNKNOWN = "unknown"  # the corpus, model and optimizer of a failed point whose overrides no longer compose
 MODEL_SIZES = {(12, 12, 768): "small", (24, 16, 1024): "medium", (36, 20, 1280): "large", (48, 25, 1600): "xl"}
 SIZE_ORDER = ("small", "medium", "large", "xl")
 CORPUS_NAMES = {"openwebtext": "OpenWebText", "fineweb-edu": "FineWeb-Edu", "embedded": "Shakespeare (embedded)"}
@@ -66,6 +80,27 @@ class Run:
     config: dict = field(default_factory=dict)  # the composed config as saved, when read from a run directory
     data: dict | None = None  # what its first launch read ({"train": {"tokens": ...}, "val": ...}); None if unlogged
     code: list[str] = field(default_factory=list)  # the code each launch ran (code_label); empty if unlogged
+    failure: dict | None = None  # its failure.json: the run was refused, diverged or failed otherwise
+    modified: float = 0.0  # when its directory's files last changed (seconds since the epoch)
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
+
+    @property
+    def failed_at(self) -> str:
+        """``diverged at step 40``, ``refused``: how and where it failed."""
+        kind = self.failure["kind"]
+        return kind if kind == "refused" else f"{kind} at step {self.failure.get('step', 0):,}"
+
+    @property
+    def failure_note(self) -> str:
+        """``diverged at step 40: the loss is nan``, ``refused: optimizer.lr must be positive, got -1.0``."""
+        return f"{self.failed_at}: {self.failure['reason']}"
+
+    @property
+    def seed(self) -> int | None:
+        return self.config.get("train", {}).get("seed")
 
     @property
     def evaluations(self) -> list[dict]:
@@ -125,6 +160,21 @@ class Run:
         return min(losses) if losses else None
 
 
+def training_seconds(run: Run, steps: np.ndarray) -> np.ndarray:
+    """Cumulative training time at ``steps``, interpolated between the logged training records.
+
+    That is the sum of the logged ``step_ms`` (each the mean step time of its log window): training steps only,
+    without evaluations and checkpoints. train.py logs no wall-clock time.
+    """
+    logged = sorted((r["step"], r["step_ms"]) for r in run.records if "step_ms" in r)
+    at, elapsed, previous = [0], [0.0], 0
+    for step, step_ms in logged:
+        elapsed.append(elapsed[-1] + step_ms / 1000 * (step - previous))
+        at.append(step)
+        previous = step
+    return np.interp(steps, at, elapsed)
+
+
 def where_stopped(runs: list[Run]) -> str:
     """``adamw-seed2 at step 1,200 of 10,000, ...``: runs by directory name and where they stopped."""
     return ", ".join(f"{Path(run.name).name} {run.stopped_at}" for run in runs)
@@ -157,23 +207,56 @@ def nominal_tokens(tokens: float) -> float:
 
 def tokens_label(tokens: float) -> str:
     """5B, 20B, 1.2M, 64: the nominal token count in 3 significant digits."""
-    tokens = nominal_tokens(tokens)
+    return count_label(nominal_tokens(tokens))
+
+
+def count_label(count: float) -> str:
+    """4.92B, 1.23M, 64: a count in 3 significant digits."""
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if tokens >= scale:
-            return f"{tokens / scale:.3g}{unit}"
-    return f"{tokens:.3g}"
+        if count >= scale:
+            return f"{count / scale:.3g}{unit}"
+    return f"{count:.3g}"
 
 
-def load_run(run_dir: Path) -> Run | None:
-    """The run in ``run_dir``, or None (with a warning) if it has not logged a training step yet."""
-    cfg = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"))
+def read_failure(run_dir: Path) -> dict | None:
+    """The run's failure.json, or None if it holds none."""
+    path = run_dir / FAILURE_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def composed_config(overrides: list[str]) -> dict | None:
+    """The config that ``overrides`` compose today (what a point refused before Hydra saved one ran with), or
+    None if they no longer compose."""
+    register_configs()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            return OmegaConf.to_container(compose(config_name="config", overrides=overrides), resolve=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        log.warning("the overrides %s no longer compose (%s): the point is labelled %s", overrides, err, UNKNOWN)
+        return None
+
+
+def configured_tokens_per_step(train_cfg: dict) -> float:
+    """Tokens per step as the config says on one process (train.global_batch_size counts every rank); a float, as
+    the log's tokens / steps are, so that the settings of both kinds of run compare equal."""
+    sequences = train_cfg.get("global_batch_size") or train_cfg["batch_size"] * train_cfg["grad_accum_steps"]
+    return float(sequences * train_cfg["block_size"])
+
+
+def load_run(run_dir: Path) -> Run:
+    """The run in ``run_dir``: finished, stopped, failed (``failure.json``), or not past its first step yet."""
+    failure = read_failure(run_dir)
+    config_path = run_dir / ".hydra" / "config.yaml"
+    cfg = OmegaConf.to_container(OmegaConf.load(config_path)) if config_path.is_file() else None
+    if cfg is None:
+        cfg = composed_config(failure["overrides"])
+        if cfg is None:
+            return unlabelled_failure(run_dir, failure)
     records = read_metrics(run_dir)
     step = next((r for r in records if "train/loss" in r and r["step"] > 0), None)
-    if step is None:
-        log.warning("skipping %s: no training step logged yet", run_dir)
-        return None
     # Tokens per step come from the log, which counts every rank: the config alone does not know the world size.
-    tokens_per_step = step["tokens"] / step["step"]
+    # A run that logged no training step (it failed or stopped before) has the config's on one process.
+    tokens_per_step = step["tokens"] / step["step"] if step else configured_tokens_per_step(cfg["train"])
     budget = cfg["train"]["max_iters"] * tokens_per_step
     # Keys a run saved before they joined the schema ran at their default: fill them in, so that such runs and
     # later ones at the default count as one setting.
@@ -204,7 +287,20 @@ def load_run(run_dir: Path) -> Run | None:
                setting=json.dumps(setting, sort_keys=True), lr=cfg["optimizer"]["lr"],
                gamma=cfg["optimizer"].get("gamma"), records=records, max_iters=cfg["train"]["max_iters"],
                config=cfg, data=launches[0]["data"] if launches else None,
-               code=[code_label(r["launch"]) for r in records if "launch" in r])
+               code=[code_label(r["launch"]) for r in records if "launch" in r], failure=failure,
+               modified=last_modified(run_dir))
+
+
+def last_modified(run_dir: Path) -> float:
+    """When the run last logged or failed."""
+    return max((path.stat().st_mtime for path in map(run_dir.joinpath, RUN_FILES) if path.is_file()), default=0.0)
+
+
+def unlabelled_failure(run_dir: Path, failure: dict) -> Run:
+    """A failed point whose overrides no longer compose: a setting of its own, known by its overrides."""
+    return Run(name=str(run_dir), corpus=UNKNOWN, model=UNKNOWN, optimizer=UNKNOWN, budget=0,
+               setting=json.dumps({"overrides": failure["overrides"]}), failure=failure,
+               modified=last_modified(run_dir))
 
 
 def code_label(launch: dict) -> str:
@@ -309,16 +405,24 @@ def as_yaml(value):
     return list(value) if isinstance(value, tuple) else value
 
 
+# The files one of which a run directory holds: its log, or (a point refused before it logged) its failure.
+RUN_FILES = (METRICS_FILE, FAILURE_FILE)
+
+
 def find_run_dirs(patterns: list[str]) -> list[Path]:
     """Run directories matched by glob ``patterns``, or found anywhere below a matched directory."""
     found = set()
     for pattern in patterns:
         for match in map(Path, matching_paths(pattern)):
-            if (match / METRICS_FILE).is_file():
+            if any((match / name).is_file() for name in RUN_FILES):
                 found.add(match)
             elif match.is_dir():
-                found.update(path.parent for path in match.rglob(METRICS_FILE))
-    return sorted(path for path in found if (path / ".hydra" / "config.yaml").is_file())
+                found.update(path.parent for name in RUN_FILES for path in match.rglob(name))
+    return sorted(path for path in found if is_run_dir(path))
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / ".hydra" / "config.yaml").is_file() or (path / FAILURE_FILE).is_file()
 
 
 def matching_paths(pattern: str) -> list[str]:
@@ -332,7 +436,33 @@ def matching_paths(pattern: str) -> list[str]:
 
 
 def load_runs(patterns: list[str]) -> list[Run]:
-    return [run for run in map(load_run, find_run_dirs(patterns)) if run is not None]
+    return list(map(load_run, find_run_dirs(patterns)))
+
+
+@dataclass
+class LeftOut:
+    """A run not counted as a seed: another run of its setting has its seed."""
+
+    run: Run
+    kept: Run
+
+    @property
+    def reason(self) -> str:
+        """``seed 1337 as sweep-a/0_lr=0.01, which trained further (step 100 vs 40)``."""
+        run, kept = self.run, self.kept
+        if run.failed != kept.failed:
+            why = "did not fail"
+        elif run.last_step != kept.last_step:
+            why = f"trained further (step {kept.last_step:,} vs {run.last_step:,})"
+        else:
+            why = "is newer, as far as it trained"
+        return f"seed {run.seed} as {short_name(kept)}, which {why}"
+
+
+def short_name(run: Run) -> str:
+    """The run's directory and its parent's (``12-30-00/3_gamma=0.05``): sweep points of two sweeps differ in
+    the parent."""
+    return "/".join(Path(run.name).parts[-2:])
 
 
 @dataclass
@@ -342,18 +472,25 @@ class Setting:
     runs: list[Run]
     # What its runs read, when runs of the same config read different data and were told apart by it.
     read: str | None = None
+    left_out: list[LeftOut] = field(default_factory=list)  # runs of a seed that another of its runs has
 
     @property
     def first(self) -> Run:
         return self.runs[0]
 
     @property
+    def failed(self) -> bool:
+        """Whether its runs failed (refused, diverged, ...): :func:`split_failed` keeps them apart from the rest."""
+        return all(run.failed for run in self.runs)
+
+    @property
     def best_val_losses(self) -> list[float]:
-        return [run.best_val_loss for run in self.runs if run.best_val_loss is not None]
+        """The best validation loss of each seed; none for failed runs, whose losses are never a result."""
+        return [run.best_val_loss for run in self.runs if run.best_val_loss is not None and not run.failed]
 
     @property
     def mean_best_val_loss_fixed(self) -> float | None:
-        losses = [run.best_val_loss_fixed for run in self.runs if run.best_val_loss_fixed is not None]
+        losses = [run.best_val_loss_fixed for run in self.runs if run.best_val_loss_fixed is not None and not run.failed]
         return statistics.fmean(losses) if losses else None
 
     @property
@@ -368,24 +505,36 @@ class Setting:
 
     @property
     def stopped_runs(self) -> list[Run]:
-        """The seeds that stopped short of their max_iters (or are still going)."""
-        return [run for run in self.runs if run.stopped_early]
+        """The seeds that stopped short of their max_iters (or are still going), without those that failed."""
+        return [run for run in self.runs if run.stopped_early and not run.failed]
 
     def best_val_losses_within(self, tokens: float) -> list[float]:
         """Each seed's best validation loss within its first ``tokens``, for the seeds that got past them."""
-        losses = (run.best_val_loss_within(tokens) for run in self.runs)
+        losses = (run.best_val_loss_within(tokens) for run in self.runs if not run.failed)
         return [loss for loss in losses if loss is not None]
 
 
 def setting_labels(settings: list[Setting]) -> list[str]:
     """What tells the settings of one group apart, one label each: the keys whose values differ, e.g.
     ``gamma=0.05, lr=0.003`` (empty for a single setting)."""
+    return [", ".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in differences.items())
+            for differences in setting_differences(settings)]
+
+
+def setting_differences(settings: list[Setting]) -> list[dict]:
+    """The keys whose values differ between ``settings`` (sorted), and each setting's values of them."""
     flat = [{**flat_items(json.loads(setting.first.setting)),
              **({"data.read": setting.read} if setting.read else {})} for setting in settings]
     keys = sorted({key for items in flat for key in items if any(items.get(key) != other.get(key) for other in flat)})
     # Values as the run ran them: the setting leaves out optimizer keys at their defaults.
     values = [{**items, **flat_items(setting.first.config)} for items, setting in zip(flat, settings)]
-    return [", ".join(f"{key.rsplit('.', 1)[-1]}={items.get(key)}" for key in keys) for items in values]
+    return [{key: items.get(key) for key in keys} for items in values]
+
+
+def numeric_order(values) -> tuple:
+    """A sort key that puts numbers in numeric order (0.005 before 0.025 before 0.05), before anything else."""
+    return tuple((0, value, "") if isinstance(value, int | float) and not isinstance(value, bool)
+                 else (1, 0, str(value)) for value in values)
 
 
 def group_settings(runs: list[Run]) -> dict[tuple[str, str, float, str], list[Setting]]:
@@ -399,7 +548,8 @@ def group_settings(runs: list[Run]) -> dict[tuple[str, str, float, str], list[Se
     for runs_of_setting in by_setting.values():
         run = runs_of_setting[0]
         key = (corpus_names[run.corpus], run.model, nominal_tokens(run.budget), run.optimizer)
-        groups.setdefault(key, []).extend(split_by_data_read(runs_of_setting))
+        for setting in split_by_data_read(runs_of_setting):
+            groups.setdefault(key, []).extend(split_failed(one_run_per_seed(setting)))
     for settings in groups.values():
         settings.sort(key=lambda setting: setting.mean_best_val_loss)
     return groups
@@ -417,6 +567,30 @@ def split_by_data_read(runs: list[Run]) -> list[Setting]:
     for run, size in zip(runs, sizes):
         parts.setdefault(size, []).append(run)
     return [Setting(members, read=data_label(members[0].data)) for members in parts.values()]
+
+
+def one_run_per_seed(setting: Setting) -> Setting:
+    """The setting with one run per seed: of runs with the same train.seed (a sweep and a re-run of it, each
+    point once in each), one is a run and not two seeds. Kept: one that did not fail, then the one that trained
+    furthest, then the newest; the others are named in ``left_out``."""
+    by_seed: dict[object, list[Run]] = {}
+    for run in setting.runs:
+        by_seed.setdefault(run.name if run.seed is None else run.seed, []).append(run)
+    kept, left_out = [], []
+    for runs in by_seed.values():
+        best = max(runs, key=lambda run: (not run.failed, run.last_step, run.modified))
+        kept.append(best)
+        left_out += [LeftOut(run, best) for run in runs if run is not best]
+    kept_ids = {id(run) for run in kept}
+    return Setting([run for run in setting.runs if id(run) in kept_ids], setting.read, left_out)
+
+
+def split_failed(setting: Setting) -> list[Setting]:
+    """The setting's healthy runs and its failed ones (refused, diverged, ...) as two settings: a failed run is
+    never a seed whose loss is averaged with the others; it stands in a row of its own, marked with why."""
+    parts = [[run for run in setting.runs if not run.failed], [run for run in setting.runs if run.failed]]
+    return [Setting(runs, setting.read, [left for left in setting.left_out if any(left.kept is run for run in runs)])
+            for runs in parts if runs]
 
 
 def size_order(model: str) -> tuple[int, str]:
@@ -440,16 +614,23 @@ def display_optimizer(optimizer: str) -> str:
     return OPTIMIZER_NAMES.get(optimizer, optimizer)
 
 
-def plot_command(prog: str, doc: str, default_out: str, plot: Callable[[list[Run], Path], list[Path]],
-                 argv: list[str] | None = None) -> None:
-    """The command line of a figure script: run patterns in, the PNG paths written out (or one error line)."""
+def plot_command(prog: str, doc: str, default_out: str, plot: Callable[..., list[Path]],
+                 argv: list[str] | None = None,
+                 add_options: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
+    """The command line of a figure script: run patterns in, the PNG paths written out (or one error line).
+
+    ``add_options`` adds the script's own options, which reach ``plot`` as keyword arguments.
+    """
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="run directories or glob patterns (quote them)")
     parser.add_argument("--out", type=Path, default=Path(default_out), help="directory for the PNG files")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if add_options:
+        add_options(parser)
+    args = vars(parser.parse_args(sys.argv[1:] if argv is None else argv))
+    patterns, out = args.pop("runs"), args.pop("out")
     try:
-        for path in plot(load_runs(args.runs), args.out):
+        for path in plot(load_runs(patterns), out, **args):
             print(path)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None

@@ -38,9 +38,22 @@ def write_run(run_dir: Path, overrides: list[str], val_losses: list[float], toke
     return run_dir
 
 
+def write_failure(run_dir: Path, kind: str, reason: str, step: int, overrides: list[str]) -> Path:
+    """The failure.json train.py writes into a sweep point that was refused, diverged or failed otherwise."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    failure = {"kind": kind, "reason": reason, "step": step, "overrides": overrides, "time": "2026-11-25T06:00:00Z"}
+    (run_dir / "failure.json").write_text(json.dumps(failure))
+    return run_dir
+
+
 @pytest.fixture
 def make_run():
     return write_run
+
+
+@pytest.fixture
+def make_failure():
+    return write_failure
 
 
 @pytest.fixture

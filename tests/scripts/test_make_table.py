@@ -2,10 +2,15 @@
 import csv
 import json
 import logging
+import os
+import statistics
 from pathlib import Path
 
+import pytest
+
 from scripts.make_table import PAPER_VAL_LOSS, load_wandb_csv, main, make_table
-from scripts.runs import load_runs
+from scripts.runs import count_label, load_runs
+from scripts.target_loss import Reached, duration_label, reached
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 TOKENS_PER_STEP = 491_520
@@ -201,3 +206,128 @@ def test_every_setting_shows_its_best_on_fixed_windows_beside_the_papers_procedu
     # A run evaluated on fixed windows: its best is the fixed-window figure.
     assert rows["Shakespeare (embedded)"][7] == rows["Shakespeare (embedded)"][9] == "6.250"
     assert "fixed windows: the best on the same windows at every evaluation" in table
+
+
+TINY = ["model=tiny", "data=embedded", "train.max_iters=100"]
+
+
+def setting_rows(table: str) -> list[list[str]]:
+    """The rows of the table of every setting for the tiny model on the embedded corpus, as cells."""
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()
+            if line.startswith("| Shakespeare (embedded) | 4x128 |") and "### Tokens" not in line]
+
+
+def test_failed_sweep_points_have_rows_of_their_own_with_their_reason(tmp_path, make_run, make_failure):
+    sweep = tmp_path / "sweep"
+    mars = [*TINY, "optimizer=mars-adamw"]
+    make_run(sweep / "0_gamma=0.025", [*mars, "optimizer.gamma=0.025"], [10.8, 6.0], 1024)
+    # A second seed of that setting that diverged after reaching a lower loss: never averaged with the first.
+    seed2 = make_run(sweep / "1_gamma=0.025,seed=2", [*mars, "optimizer.gamma=0.025", "train.seed=2"], [10.8, 5.0],
+                     1024, eval_steps=[0, 50])
+    make_failure(seed2, "diverged", "the loss is nan at step 61", 60, [*mars, "optimizer.gamma=0.025", "train.seed=2"])
+    # Diverged before its first log line: the evaluation at step 0 only.
+    early = make_run(sweep / "2_gamma=0.5", [*mars, "optimizer.gamma=0.5"], [10.8], 1024, eval_steps=[0])
+    make_failure(early, "diverged", "the loss is inf at step 1", 0, [*mars, "optimizer.gamma=0.5"])
+    # Refused at validation: failure.json alone.
+    make_failure(sweep / "3_optimizer.lr=-1", "refused", "optimizer.lr must be positive, got -1.0", 0,
+                 [*mars, "optimizer.lr=-1"])
+    table = make_table(load_runs([str(sweep)]))
+    rows = {(row[4], row[5], row[11].split(" ")[0]): row[6:8] + [row[11]] for row in setting_rows(table)}
+    assert rows == {
+        ("0.003", "0.025", "0_gamma=0.025"): ["1", "6.000", "0_gamma=0.025"],
+        ("0.003", "0.025", "1_gamma=0.025,seed=2"): [
+            "1", "failed (diverged)", "1_gamma=0.025,seed=2 (diverged at step 60: the loss is nan at step 61)"],
+        ("0.003", "0.5", "2_gamma=0.5"): ["1", "failed (diverged)", "2_gamma=0.5 (diverged at step 0: the loss is inf "
+                                                                    "at step 1)"],
+        ("-1", "0.025", "3_optimizer.lr=-1"): [
+            "1", "failed (refused)", "3_optimizer.lr=-1 (refused: optimizer.lr must be positive, got -1.0)"]}
+    assert table_rows(table, "### Shakespeare (embedded): best validation loss")["MARS-approx"] == ["6.000"]
+    assert "A failed run is never averaged with the healthy seeds of its setting" in table
+
+
+def test_two_runs_of_one_seed_count_once_and_the_table_says_which_it_kept(tmp_path, make_run):
+    adamw = [*TINY, "optimizer=adamw"]
+    # A sweep interrupted at step 40, then run again in a directory of its own: each holds seed 1337's run.
+    make_run(tmp_path / "12-00-00" / "0_optimizer=adamw", adamw, [10.8, 6.5], 1024, eval_steps=[0, 40])
+    make_run(tmp_path / "13-00-00" / "0_optimizer=adamw", adamw, [10.8, 6.5, 6.2], 1024, eval_steps=[0, 40, 100])
+    make_run(tmp_path / "13-00-00" / "1_seed=2", [*adamw, "train.seed=2"], [10.8, 6.4], 1024)
+    table = make_table(load_runs([str(tmp_path)]))
+    [row] = setting_rows(table)
+    assert row[6:8] == ["2", f"{(6.2 + 6.4) / 2:.3f}"]  # seeds 1337 and 2, nothing stopped
+    assert row[11] == ("0_optimizer=adamw, 1_seed=2; left out: 12-00-00/0_optimizer=adamw (seed 1337 as "
+                       "13-00-00/0_optimizer=adamw, which trained further (step 100 vs 40))")
+    assert "are one run, not two seeds" in table
+
+
+def test_of_two_finished_runs_of_one_seed_the_newest_is_kept(tmp_path, make_run):
+    adamw = [*TINY, "optimizer=adamw"]
+    older = make_run(tmp_path / "a" / "0_optimizer=adamw", adamw, [10.8, 6.1], 1024)
+    make_run(tmp_path / "b" / "0_optimizer=adamw", adamw, [10.8, 6.3], 1024)
+    os.utime(older / "metrics.jsonl", (1e9, 1e9))
+    [row] = setting_rows(make_table(load_runs([str(tmp_path)])))
+    assert row[6:8] == ["1", "6.300"]
+    assert row[11].endswith("left out: a/0_optimizer=adamw (seed 1337 as b/0_optimizer=adamw, which is newer, as far "
+                            "as it trained)")
+
+
+def interpolated(before: tuple[float, float], after: tuple[float, float], target: float) -> float:
+    """What lies at ``target`` on the line through (loss, value) points ``before`` and ``after``."""
+    (loss0, value0), (loss1, value1) = before, after
+    return value0 + (loss0 - target) / (loss0 - loss1) * (value1 - value0)
+
+
+def test_target_loss_gives_tokens_and_training_time_to_reach_it_and_the_ratio_to_the_first_optimizer(tmp_path,
+                                                                                                     make_run):
+    make_run(tmp_path / "adamw", [*TINY, "optimizer=adamw"], [10.8, 4.0, 3.0], 1024, step_ms=100.0)
+    make_run(tmp_path / "adamw-seed2", [*TINY, "optimizer=adamw", "train.seed=2"], [10.8, 4.0, 3.4], 1024,
+             step_ms=100.0)
+    make_run(tmp_path / "mars", [*TINY, "optimizer=mars-adamw"], [10.8, 3.0, 2.5], 1024, step_ms=200.0)
+    make_run(tmp_path / "muon", [*TINY, "optimizer=muon"], [10.8, 4.0, 3.6], 1024)
+    runs = {Path(run.name).name: run for run in load_runs([str(tmp_path)])}
+    # Evaluations at steps 0, 50 and 100 of 1,024 tokens; step_ms 100 is 0.1 s a step.
+    adamw_steps = [interpolated((4.0, 50), (3.0, 100), 3.5), interpolated((4.0, 50), (3.4, 100), 3.5)]
+    mars_step = interpolated((10.8, 0), (3.0, 50), 3.5)
+    assert reached(runs["adamw"], 3.5) == Reached(tokens=pytest.approx(adamw_steps[0] * 1024),
+                                                  seconds=pytest.approx(adamw_steps[0] * 0.1))
+    assert reached(runs["mars"], 3.5) == Reached(tokens=pytest.approx(mars_step * 1024),
+                                                 seconds=pytest.approx(mars_step * 0.2))
+    assert reached(runs["muon"], 3.5) is None
+
+    table = make_table(list(runs.values()), target_loss=3.5)
+    adamw, muon, mars = setting_rows(table.split("### Tokens and training time to validation loss 3.5", 1)[1])
+    adamw_tokens = [step * 1024 for step in adamw_steps]
+    adamw_seconds = [step * 0.1 for step in adamw_steps]
+    assert adamw[3:] == [  # the first row, the reference: AdamW, two seeds
+        "AdamW", "0.001", "–", "2",
+        f"{count_label(statistics.fmean(adamw_tokens))} ± {count_label(statistics.stdev(adamw_tokens))}",
+        f"{duration_label(statistics.fmean(adamw_seconds))} ± {duration_label(statistics.stdev(adamw_seconds))}",
+        "1.00x", "1.00x"]
+    assert mars[3] == "MARS-approx" and mars[7:] == [
+        count_label(mars_step * 1024), duration_label(mars_step * 0.2),
+        f"{mars_step * 1024 / statistics.fmean(adamw_tokens):.2f}x",
+        f"{mars_step * 0.2 / statistics.fmean(adamw_seconds):.2f}x"]
+    assert muon[3] == "Muon" and muon[7:] == ["not reached", "not reached", "–", "–"]
+    assert "interpolated linearly between the two evaluations" in table
+    assert "### Tokens" not in make_table(list(runs.values()))
+
+
+def test_cli_takes_a_target_loss(paper_runs, tmp_path, capsys):
+    main([str(paper_runs), "--out", str(tmp_path / "table.md"), "--target-loss", "3.3"])
+    target = capsys.readouterr().out.split("### Tokens and training time to validation loss 3.3", 1)[1]
+    rows = [line.split("|")[4].strip() for line in target.splitlines() if line.startswith("| OpenWebText |")]
+    assert rows == ["AdamW", "MARS-approx", "MARS-approx"]
+
+
+def test_a_wandb_export_reaches_a_target_at_the_presets_tokens_per_step_and_has_no_training_time(tmp_path):
+    path = tmp_path / "val_loss.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["Step", "owt-gpt2-small-5b-muon - val/loss"])
+        writer.writerows([[0, 10.9], [5_000, 3.5], [10_000, 3.1]])
+    run, = load_wandb_csv(path)
+    step = interpolated((3.5, 5_000), (3.1, 10_000), 3.3)
+    assert reached(run, 3.3) == Reached(tokens=pytest.approx(step * 5e9 / 10_000), seconds=None)
+    target = make_table([run], target_loss=3.3).split("### Tokens and training time to validation loss 3.3", 1)[1]
+    muon = next(line for line in target.splitlines() if line.startswith("| OpenWebText |"))
+    assert [cell.strip() for cell in muon.strip("|").split("|")][7:] == [count_label(step * 5e9 / 10_000), "–",
+                                                                         "1.00x", "–"]

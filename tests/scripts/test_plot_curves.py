@@ -1,5 +1,6 @@
 """Validation-loss curves against tokens and training time: one pair of PNG files per corpus and model size."""
 import logging
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -109,3 +110,50 @@ def test_cli_writes_the_figures_and_names_them(paper_runs, tmp_path, capsys):
     main([str(paper_runs), "--out", str(tmp_path / "figures")])
     printed = capsys.readouterr().out.split()
     assert len(printed) == 2 and all((tmp_path / "figures" / name.rsplit("/", 1)[-1]).is_file() for name in printed)
+
+
+TINY = ["model=tiny", "data=embedded", "train.max_iters=100"]
+
+
+@pytest.fixture
+def gamma_sweep(tmp_path, make_run, make_failure) -> Path:
+    """AdamW, and MARS at five gammas: three fine (ranked 0.025, 0.05, 0.005 by loss), one diverged at step 60,
+    one refused."""
+    sweep = tmp_path / "sweep"
+    make_run(sweep / "adamw", [*TINY, "optimizer=adamw"], [10.8, 7.0, 6.4], 1024)
+    mars = [*TINY, "optimizer=mars-adamw"]
+    for gamma, loss in ((0.025, 6.0), (0.05, 6.1), (0.005, 6.2)):
+        make_run(sweep / f"mars-gamma={gamma}", [*mars, f"optimizer.gamma={gamma}"], [10.8, 7.0, loss], 1024)
+    diverged = make_run(sweep / "mars-gamma=0.5", [*mars, "optimizer.gamma=0.5"], [10.8, 8.0], 1024,
+                        eval_steps=[0, 50])
+    make_failure(diverged, "diverged", "the loss is nan at step 61", 60, [*mars, "optimizer.gamma=0.5"])
+    make_failure(sweep / "mars-gamma=-0.1", "refused", "optimizer.gamma must be >= 0", 0,
+                 [*mars, "optimizer.gamma=-0.1"])
+    return sweep
+
+
+def test_every_point_draws_a_line_per_setting_labelled_by_the_swept_value_in_numeric_order(gamma_sweep, tmp_path,
+                                                                                          monkeypatch):
+    drawn = []
+    monkeypatch.setattr(plot_curves_module, "plot_group", lambda lines, *args: drawn.append(lines))
+    plot_curves(load_runs([str(gamma_sweep)]), tmp_path / "curves", every_point=True)
+    lines = drawn[0]
+    figure = group_figure(lines, "tokens", "every point")
+    axes = figure.axes[0]
+    assert [text.get_text() for text in axes.get_legend().get_texts()] == [
+        "AdamW", "MARS-approx, gamma=-0.1 (refused)", "MARS-approx, gamma=0.005", "MARS-approx, gamma=0.025",
+        "MARS-approx, gamma=0.05", "MARS-approx, gamma=0.5 (diverged at step 60)"]
+    # The failed points: dashed, a cross at the last evaluation (the refused one has none).
+    styles = [(line.get_linestyle(), line.get_marker(), line.get_xdata().size) for line in axes.lines]
+    assert styles == [("-", "None", 3), ("--", "x", 0), ("-", "None", 3), ("-", "None", 3), ("-", "None", 3),
+                      ("--", "x", 2)]
+    assert axes.lines[-1].get_markevery() == [-1]
+    plt.close(figure)
+
+
+def test_cli_every_point_writes_figures_of_their_own(gamma_sweep, tmp_path, capsys):
+    main([str(gamma_sweep), "--out", str(tmp_path / "figures"), "--every-point"])
+    printed = sorted(Path(name).name for name in capsys.readouterr().out.split())
+    assert printed == ["val_loss_vs_time_embedded_4x128_every_point.png",
+                       "val_loss_vs_tokens_embedded_4x128_every_point.png"]
+    assert all((tmp_path / "figures" / name).read_bytes().startswith(PNG_SIGNATURE) for name in printed)

@@ -94,3 +94,40 @@ def test_nothing_swept_is_an_error(tmp_path, make_run):
     make_run(tmp_path / "one", [*TINY, "optimizer=adamw"], [10.8, 6.3], 1024)
     with pytest.raises(SystemExit, match="nothing to plot"):
         main([str(tmp_path / "one"), "--out", str(tmp_path / "figures")])
+
+
+def test_lines_of_one_optimizer_are_in_numeric_order_of_the_value_held_fixed(tmp_path, make_run):
+    # Best first is 0.025, then 0.05, then 0.005: the order the settings are ranked in, not the legend's.
+    for gamma, loss in ((0.025, 6.0), (0.05, 6.1), (0.005, 6.2)):
+        for lr in (3e-3, 1e-2):
+            make_run(tmp_path / f"mars-{gamma}-{lr}", [*TINY, "optimizer=mars-adamw", f"optimizer.lr={lr}",
+                                                      f"optimizer.gamma={gamma}"], [10.8, loss + lr], 1024)
+    [lines] = sweep_lines(load_runs([str(tmp_path)]), "lr").values()
+    assert [line.label for line in lines] == ["MARS-approx, gamma 0.005", "MARS-approx, gamma 0.025",
+                                              "MARS-approx, gamma 0.05"]
+    figure = panel_figure(lines, "lr", "sweep")
+    assert legend_texts(figure) == [line.label for line in lines]
+    plt.close(figure)
+
+
+def test_a_failed_point_is_a_cross_at_the_axis_with_its_reason_in_the_legend(sweep, make_run, make_failure, tmp_path):
+    mars = [*TINY, "optimizer=mars-adamw", "optimizer.lr=1e-2"]
+    diverged = make_run(sweep / "mars-gamma0.5", [*mars, "optimizer.gamma=0.5"], [10.8], 1024, eval_steps=[0])
+    make_failure(diverged, "diverged", "the loss is nan at step 3", 2, [*mars, "optimizer.gamma=0.5"])
+    make_failure(sweep / "mars-gamma-0.1", "refused", "optimizer.gamma must be >= 0, got -0.1", 0,
+                 [*mars, "optimizer.gamma=-0.1"])
+    [[line]] = sweep_lines(load_runs([str(sweep)]), "gamma").values()
+    assert (line.x, line.mean) == ([0.0, 0.025, 0.05], [6.05, 6.0, 6.1])  # the failed points have no loss
+    assert [(x, run.failure["kind"]) for x, run in line.failed] == [(-0.1, "refused"), (0.5, "diverged")]
+    figure = panel_figure([line], "gamma", "sweep")
+    axes = figure.axes[0]
+    crosses = [drawn for drawn in axes.lines if drawn.get_marker() == "x"]
+    assert [(drawn.get_xdata().tolist(), drawn.get_ydata().tolist()) for drawn in crosses] == [([-0.1], [0]),
+                                                                                              ([0.5], [0])]
+    assert all(drawn.get_transform() == axes.get_xaxis_transform() for drawn in crosses)  # y 0: the axis' bottom
+    assert all(same_color(drawn.get_color(), axes.containers[0].lines[0].get_color()) for drawn in crosses)
+    assert legend_texts(figure) == ["MARS-approx",
+                                    "MARS-approx, gamma -0.1 refused: optimizer.gamma must be >= 0, got -0.1",
+                                    "MARS-approx, gamma 0.5 diverged at step 2: the loss is nan at step 3"]
+    figure.savefig(tmp_path / "gamma_sweep.png")
+    plt.close(figure)

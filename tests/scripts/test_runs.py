@@ -36,11 +36,14 @@ def test_seeds_share_a_setting_and_settings_are_ranked_by_mean_best_loss(paper_r
     assert [setting.first.gamma for setting in mars] == [0.025, 0.05]
 
 
-def test_a_run_without_a_training_step_is_skipped(tmp_path, make_run):
+def test_a_run_without_a_training_step_is_a_run_stopped_at_step_0_of_its_configured_budget(tmp_path, make_run):
     run_dir = make_run(tmp_path / "fresh", ["train.max_iters=10"], [10.9, 10.8], tokens_per_step=64)
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     (run_dir / "metrics.jsonl").write_text(lines[0] + "\n")  # only the evaluation at step 0
-    assert load_runs([str(tmp_path)]) == []
+    run, = load_runs([str(tmp_path)])
+    # The tiny config's batch: 8 sequences of 128 tokens, one micro-batch, on one process.
+    assert run.budget == 10 * 8 * 128 and run.stopped_early and run.stopped_at == "at step 0 of 10"
+    assert run.best_val_loss == 10.9 and not run.failed
 
 
 def test_other_model_shapes_and_mars_variants_get_their_own_labels(tmp_path, make_run):
