@@ -26,7 +26,7 @@ from training.checkpoint import (CheckpointReadError, CheckpointSaveError, Unrea
 from training.distributed import (DistributedContext, all_gather_objects, distributed_session, stop_with_message,
                                   sum_across_ranks, wrap_data_parallel)
 from training.divergence import DivergenceGuard, TrainingDiverged, non_finite_entries, non_finite_state_message
-from training.metrics import MetricsLogger
+from training.metrics import MetricsLogger, read_metrics
 from training.preemption import PreemptionSignal, TerminatedEarlier, refuse_if_terminated
 from training.provenance import DifferentCodeOnRanks, code_on_every_rank, describe_launch, launch_record
 from training.resume import check_resumable, config_changes, configured_hyperparameters, restore_hyperparameters
@@ -36,6 +36,9 @@ from training.runtime import (autocast_context, peak_flops, resolve_device, reso
                               seed_everything, set_rng_state, set_tf32)
 from training.schedule import apply_schedule
 from training.validation import validation_losses
+from training.summary import Progress, closing_summary
+from training.sweep import (clear_failure, in_sweep, point_ended, record_failure, resume_command, sweep_report,
+                            write_resume_script)
 
 log = logging.getLogger("train")
 VAL_SEED = 0  # every run of a setting, whatever its seed, is evaluated on the same windows (training/validation.py)
@@ -168,22 +171,44 @@ ERRORS_EVERY_RANK_MEETS = (ConfigError, RunDirectoryError, TrainingDiverged, Che
 
 @hydra.main(version_base=None, config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> None:
+    run_dir, sweep, progress = Path(HydraConfig.get().runtime.output_dir), in_sweep(), Progress()
+    if sweep:
+        write_resume_script()
     try:
-        train(cfg)
+        train(cfg, run_dir, progress)
+    except TerminatedEarlier as err:  # a signal stops the whole sweep
+        raise SystemExit("\n".join([*sweep_report(), f"error: {err}"])) from None
     except (ValueError, FileNotFoundError, TrainingDiverged, CheckpointSaveError, UnreadableCheckpoints,
-            CheckpointReadError, TerminatedEarlier) as err:
+            CheckpointReadError) as err:
         # Bad input, divergence and storage faults end the run with their one message, not a traceback.
-        stop_with_message(f"error: {err}", every_rank_meets_it=isinstance(err, ERRORS_EVERY_RANK_MEETS))
+        end_failed(run_dir, err, f"{err}", progress.step, sweep)
+    except Exception as err:
+        if not sweep:
+            raise
+        log.exception("sweep point %s failed", run_dir)  # the traceback goes to its train.log; the sweep goes on
+        end_failed(run_dir, err, f"{type(err).__name__}: {err}", progress.step, sweep)
+    else:
+        if sweep:
+            point_ended(run_dir)
 
 
-def train(cfg: DictConfig) -> None:
+def end_failed(run_dir: Path, err: Exception, reason: str, step: int, sweep: bool) -> None:
+    """Record the failure in ``run_dir``; a single run stops with its one message, a sweep goes on to its next
+    point (and ``sweep_report`` names the failed ones at its end)."""
+    record_failure(run_dir, err, reason, step)
+    if not sweep:
+        stop_with_message(f"error: {reason}", every_rank_meets_it=isinstance(err, ERRORS_EVERY_RANK_MEETS))
+    log.error("error: %s", reason)
+    point_ended(run_dir, reason)
+
+
+def train(cfg: DictConfig, run_dir: Path, progress: Progress) -> None:
+    refuse_if_terminated(run_dir, resume_command())  # a signal stopped an earlier point of this process's sweep
     validate(cfg)
     t = cfg.train
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    refuse_if_terminated(run_dir)  # a signal stopped an earlier point of this process's sweep
     with (distributed_session(resolve_device(t.device), t.distributed_timeout_s) as ctx,
           run_directory(run_dir, cfg, ctx) as lock, PreemptionSignal() as preemption):
-        train_loop(cfg, t, run_dir, ctx, preemption, lock)
+        train_loop(cfg, t, run_dir, ctx, preemption, lock, progress)
 
 
 @contextlib.contextmanager
@@ -208,7 +233,7 @@ def run_directory(run_dir: Path, cfg: DictConfig, ctx: DistributedContext):
 
 
 def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preemption: PreemptionSignal,
-               lock: RunDirectoryLock) -> None:
+               lock: RunDirectoryLock, progress: Progress) -> None:
     device = ctx.device
     if not ctx.is_main:
         logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the run
@@ -249,6 +274,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
             if ctx.is_main:
                 set_aside_checkpoints_after(run_dir, ckpt["step"])
             start_step, tokens_seen, wandb_run_id = ckpt["step"], ckpt["tokens"], ckpt.get("wandb_run_id")
+            progress.step = start_step
             skipped_steps = ckpt.get("skipped_steps", 0)
             for message in schedule_changes(ckpt["config"]["train"], t):
                 log.warning(message)
@@ -267,6 +293,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
     if ctx.is_main:
         # Only now, with the resume accepted and steps to train, does this config become the run's record.
         write_hydra_record(run_dir, cfg)
+        clear_failure(run_dir)
     if changes:  # the log says from which step on the run ran with which changed settings
         metrics.record({"step": start_step, "resumed_from": str(checkpoint_path),
                         "changed": {key: list(values) for key, values in changes.items()}})
@@ -368,7 +395,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         tokens_seen += tokens_per_step
-        done = step + 1
+        done = progress.step = step + 1
         if step == start_step:  # optimizer state exists from the first step on
             per_rank = ", ".join(f"{b / 2**20:.1f}" for b in all_gather_objects(state_bytes(optimizer), ctx))
             log.info("optimizer state per rank (MiB): %s", per_rank)
@@ -407,11 +434,19 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
         if checkpointing:
             checkpoint_path = checkpoint(done)
         if preempted:
-            log.warning("stopping after step %d on a termination signal; %s holds the run's state: resume it "
-                        "with train.resume=true", done, checkpoint_path or "the checkpoint")
+            log.warning("stopping after step %d on a termination signal; %s holds the run's state", done,
+                        checkpoint_path or "the checkpoint")
             break
     metrics.close()
+    if ctx.is_main:
+        tabulate_dir = HydraConfig.get().sweep.dir if in_sweep() else run_dir
+        for line in closing_summary(read_metrics(run_dir), progress, t.max_iters, checkpoint_path, run_dir,
+                                    resume_command(), tabulate_dir):
+            log.info(line)
 
 
 if __name__ == "__main__":
     main()
+    failed_points = sweep_report()
+    if failed_points:
+        raise SystemExit("\n".join(failed_points))

@@ -63,10 +63,11 @@ class PreemptionSignal:
         return _received is not None
 
 
-def refuse_if_terminated(run_dir) -> None:
-    """Raise :class:`TerminatedEarlier` when a termination signal reached this process before this run began."""
+def refuse_if_terminated(run_dir, resume_command: str) -> None:
+    """Raise :class:`TerminatedEarlier` when a termination signal reached this process before this run began;
+    the message gives ``resume_command``, which finishes the sweep in its own directory."""
     if _received is not None:
         raise TerminatedEarlier(
             f"not starting {run_dir}: this process received {_received} during an earlier run of its sweep, "
-            "which stopped at a checkpoint. Run the sweep again with train.resume=true to finish every point"
+            f"which stopped at a checkpoint. Finish every point (finished ones are skipped) with: {resume_command}"
         )

@@ -1,0 +1,114 @@
+"""A local sweep (train.py -m) survives a bad point, resumes in its own directory and says how it ended."""
+import json
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from training.metrics import read_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_size=2", "train.block_size=32",
+        "train.eval_iters=2", "train.warmup_iters=0", "train.log_interval=1", "train.device=cpu"]
+
+
+def sweep(sweep_dir, *overrides):
+    return subprocess.run([sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep_dir}", *TINY, *overrides],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def point(sweep_dir, index) -> Path:
+    found, = Path(sweep_dir).glob(f"{index}_*")
+    return found
+
+
+def failure(run_dir) -> dict | None:
+    path = Path(run_dir) / "failure.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def last_step(run_dir) -> int:
+    return max((r["step"] for r in read_metrics(run_dir) if "train/loss" in r), default=0)
+
+
+def test_a_diverging_and_a_refused_point_are_recorded_and_every_other_point_runs(tmp_path):
+    # Hydra's order: the first override varies slowest, so the refused and the diverging point come first.
+    result = sweep(tmp_path, "train.max_iters=3", "train.eval_interval=3", "optimizer.lr=1e8,1e-3",
+                   "optimizer.gamma=-0.1,0.025")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("3 of 4 sweep points failed"), result.stderr
+    refused, diverged, refused_too, good = (point(tmp_path, i) for i in range(4))
+    for run_dir in (refused, refused_too):
+        record = failure(run_dir)
+        assert record["kind"] == "refused" and record["reason"] == "gamma must be >= 0, got -0.1", record
+        assert record["step"] == 0 and "optimizer.gamma=-0.1" in record["overrides"]
+        assert f"failed: {run_dir}: gamma must be >= 0" in result.stderr
+    record = failure(diverged)
+    assert record["kind"] == "diverged" and "non-finite training loss" in record["reason"], record
+    assert record["step"] == last_step(diverged) and "optimizer.lr=100000000.0" in record["overrides"]
+    assert failure(good) is None and last_step(good) == 3
+
+
+def test_a_single_run_that_fails_records_why_and_a_later_launch_that_trains_clears_it(tmp_path):
+    command = [sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *TINY, "train.max_iters=3",
+               "train.eval_interval=3"]
+    result = subprocess.run([*command, "optimizer.lr=1e8"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith("error: non-finite"), \
+        result.stderr
+    assert failure(tmp_path)["kind"] == "diverged" and failure(tmp_path)["overrides"][-1] == "optimizer.lr=1e8"
+    result = subprocess.run([*command, "train.overwrite=true"], cwd=REPO, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert failure(tmp_path) is None
+
+
+def test_a_run_ends_with_a_summary_naming_its_losses_checkpoint_and_the_commands_to_resume_and_tabulate(tmp_path):
+    result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *TINY, "train.max_iters=4",
+                             "train.eval_interval=2"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    losses = {r["step"]: r["val/loss"] for r in read_metrics(tmp_path) if "val/loss" in r}
+    best_step = min(losses, key=losses.get)
+    log = result.stdout  # Hydra's console log
+    assert (f"run finished at step 4 of 4 (train.max_iters) | val loss best {losses[best_step]:.4f} at step "
+            f"{best_step}, final {losses[4]:.4f} at step 4") in log, log
+    assert f"last checkpoint: {tmp_path}/checkpoints/ckpt_00000004.pt | run dir: {tmp_path}" in log
+    assert f"hydra.run.dir={tmp_path} train.resume=true" in log
+    assert f"table: python -m scripts.make_table {tmp_path}" in log
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_resumes_in_place_with_its_command_without_retraining_finished_points(tmp_path):
+    # Six points: one diverges (lr 1e8), one is refused (lr -1e-3); SIGINT once the second point trains.
+    overrides = ["train.max_iters=6", "train.eval_interval=3", "train.checkpoint_interval=3",
+                 "optimizer.lr=1e-3,2e-3,1e8,-1e-3,3e-3,4e-3"]
+    output = open(tmp_path / "sweep.out", "w+")
+    process = subprocess.Popen([sys.executable, "train.py", "-m", f"hydra.sweep.dir={tmp_path}", *TINY, *overrides],
+                               cwd=REPO, stdout=output, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while not any(last_step(run_dir) >= 1 for run_dir in tmp_path.glob("1_*")):
+        assert process.poll() is None and time.monotonic() < deadline, "the sweep's second point did not train"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=300) != 0
+    first = point(tmp_path, 0)
+    checkpoint_time = {path: path.stat().st_mtime_ns for path in first.glob("checkpoints/*.pt")}
+    first_log = (first / "metrics.jsonl").read_text()
+    assert last_step(first) == 6 and not list(tmp_path.glob("5_*"))  # the sweep stopped part-way
+
+    resume = shlex.split((tmp_path / "resume.sh").read_text().splitlines()[-1].split(" && exec ")[1])
+    assert resume[:3] == ["python", "train.py", "-m"] and resume[-2:] == [f"hydra.sweep.dir={tmp_path}",
+                                                                           "train.resume=true"]
+    result = subprocess.run([sys.executable, *resume[1:]], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1 and "2 of 6 sweep points failed" in result.stderr, result.stderr
+    assert {path: path.stat().st_mtime_ns for path in first.glob("checkpoints/*.pt")} == checkpoint_time
+    assert (first / "metrics.jsonl").read_text() == first_log  # finished: not retrained
+    assert sorted(run_dir.name.split("_")[0] for run_dir in tmp_path.glob("*_*")) == [str(i) for i in range(6)]
+    for index in (0, 1, 4, 5):
+        assert failure(point(tmp_path, index)) is None and last_step(point(tmp_path, index)) == 6
+    assert failure(point(tmp_path, 2))["kind"] == "diverged" and failure(point(tmp_path, 3))["kind"] == "refused"
+    second = read_metrics(point(tmp_path, 1))
+    assert [r["step"] for r in second if "train/loss" in r] == list(range(1, 7))  # resumed: each step once

@@ -1,0 +1,104 @@
+"""A sweep survives a bad point. In a local sweep (``python train.py -m ...``, every point in one process) a point
+that is refused, diverges or fails is recorded in its own directory (``failure.json``) and the next point runs;
+when the sweep ends the process names each failed point and exits non-zero. One command resumes a run, or a
+sweep in its own directory (``resume_command``); a sweep keeps it in ``resume.sh``."""
+import datetime
+import json
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
+from training.atomic import atomic_file
+from training.divergence import TrainingDiverged
+from training.run_dir import RunDirectoryError, RunDirectoryLock
+
+log = logging.getLogger("train")
+
+FAILURE_FILE = "failure.json"
+RESUME_SCRIPT = "resume.sh"
+# The arguments a resume command sets itself: where the run or sweep lies, and how it starts there.
+LAUNCH_ARGUMENTS = ("hydra.run.dir=", "hydra.sweep.dir=", "train.resume=", "train.overwrite=")
+
+# (run directory, why it failed or None) of each sweep point this process ran, in order.
+_points: list[tuple[Path, str | None]] = []
+
+
+def in_sweep() -> bool:
+    return HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def resume_command() -> str:
+    """The command that continues this run where it stopped; in a sweep, the whole sweep in its own directory
+    (finished points have nothing to do, the others resume from their checkpoints, failed ones are retried)."""
+    hydra_cfg = HydraConfig.get()
+    where = f"hydra.sweep.dir={hydra_cfg.sweep.dir}" if in_sweep() else f"hydra.run.dir={hydra_cfg.run.dir}"
+    kept = [arg for arg in sys.argv[1:] if not arg.lstrip("+~").startswith(LAUNCH_ARGUMENTS)]
+    return shlex.join(["python", sys.argv[0], *kept, where, "train.resume=true"])
+
+
+def write_resume_script() -> None:
+    """Keep the sweep's resume command in its directory, where it is found once the terminal is gone."""
+    script = Path(HydraConfig.get().sweep.dir) / RESUME_SCRIPT
+    try:
+        with atomic_file(script) as f:
+            f.write("#!/bin/sh\n# Resumes this sweep where it stopped: finished points are skipped, unfinished ones "
+                    "continue from their checkpoints, failed ones are retried.\n"
+                    f"cd {shlex.quote(os.getcwd())} && exec {resume_command()}\n")
+        script.chmod(0o755)
+    except OSError as err:
+        log.warning("could not write %s: %s", script, err)
+
+
+def failure_kind(err: BaseException) -> str:
+    if isinstance(err, TrainingDiverged):
+        return "diverged"
+    if isinstance(err, (ValueError, FileNotFoundError)):  # the config, the data or the directory refused
+        return "refused"
+    return "error"
+
+
+def record_failure(run_dir: Path, err: BaseException, reason: str, step: int) -> None:
+    """Write ``failure.json`` into ``run_dir`` (rank 0), unless another live run holds the directory: that run's
+    record is not this launch's to touch."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    lock = RunDirectoryLock(run_dir)
+    try:
+        lock.acquire()
+    except (RunDirectoryError, OSError) as problem:
+        log.warning("the failure is not recorded in %s: %s", run_dir, problem)
+        return
+    record = {"kind": failure_kind(err), "reason": reason, "step": step,
+              "overrides": list(HydraConfig.get().overrides.task),
+              "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    try:
+        with atomic_file(Path(run_dir) / FAILURE_FILE) as f:
+            json.dump(record, f, indent=1)
+    except OSError as problem:
+        log.warning("the failure is not recorded in %s: %s", run_dir, problem)
+    finally:
+        lock.release()
+
+
+def clear_failure(run_dir: Path) -> None:
+    """A launch that trains in ``run_dir`` (a resume, an overwrite) replaces the record of an earlier failure."""
+    (Path(run_dir) / FAILURE_FILE).unlink(missing_ok=True)
+
+
+def point_ended(run_dir: Path, reason: str | None = None) -> None:
+    _points.append((Path(run_dir), reason))
+
+
+def sweep_report() -> list[str]:
+    """One line per failed point of this process's sweep and a last line counting them; empty when none failed."""
+    failed = [(run_dir, reason) for run_dir, reason in _points if reason is not None]
+    if not failed:
+        return []
+    return [*(f"failed: {run_dir}: {reason}" for run_dir, reason in failed),
+            f"{len(failed)} of {len(_points)} sweep points failed (each one's {FAILURE_FILE} says why); the others "
+            "ran"]
