@@ -39,13 +39,12 @@ from omegaconf.errors import OmegaConfBaseException
 from configs.schema import OPTIMIZER_SCHEMAS, DataConfig, ModelConfig, TrainConfig, register_configs
 from training.metrics import METRICS_FILE, read_metrics
 from training.resume import flat_items
+# What train.py writes into a run that was refused, diverged or failed otherwise: {kind, reason, step, overrides, time}.
+from training.sweep import FAILURE_FILE
 
 log = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-# What train.py writes into a sweep point that was refused, diverged or failed otherwise (removed by a later
-# successful launch): {"kind", "reason", "step", "overrides", "time"}.
-FAILURE_FILE = "failure.json"
 UNKNOWN = "unknown"  # the corpus, model and optimizer of a failed point whose overrides no longer compose
 MODEL_SIZES = {(12, 12, 768): "small", (24, 16, 1024): "medium", (36, 20, 1280): "large", (48, 25, 1600): "xl"}
 SIZE_ORDER = ("small", "medium", "large", "xl")
