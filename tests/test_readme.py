@@ -1,10 +1,12 @@
 import os
+import re
 import shlex
 from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 REPO = Path(__file__).resolve().parents[1]
+DOC_PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "results" / "README.md"]
 
 
 def readme_commands() -> list[str]:
@@ -25,9 +27,9 @@ def test_ci_runs_the_readme_test_command():
     assert test_command in (REPO / ".ci" / "run").read_text()
 
 
-def readme_train_overrides() -> list[str]:
-    """Every key=value argument of a `train.py` command in the README's code blocks, as bash passes it on."""
-    text = (REPO / "README.md").read_text().replace("\\\n", " ")
+def train_overrides(page: Path) -> list[str]:
+    """Every key=value argument of a `train.py` command in the page's bash blocks, as bash passes it on."""
+    text = page.read_text().replace("\\\n", " ")
     overrides = []
     for block in text.split("```bash")[1:]:
         for line in block.split("```")[0].splitlines():
@@ -40,13 +42,61 @@ def readme_train_overrides() -> list[str]:
     return overrides
 
 
-def test_every_train_override_in_the_readme_parses_as_hydra_reads_it():
-    overrides = readme_train_overrides()
-    assert any(o.startswith("data.dir=") for o in overrides)  # the examples of issue 14 are among them
+def documented_train_overrides() -> list[str]:
+    return [override for page in DOC_PAGES for override in train_overrides(page)]
+
+
+def test_every_train_override_in_the_readme_and_docs_parses_as_hydra_reads_it():
+    overrides = documented_train_overrides()
+    # The custom-corpus examples (`data.dir=$HOME/...`) are among them: `~` there is what Hydra's grammar refuses.
+    assert any(o.startswith("data.dir=") for o in train_overrides(REPO / "README.md"))
     OverridesParser.create().parse_overrides(overrides)  # raises on what Hydra's grammar refuses (`data.dir=~/x`)
 
 
-def test_the_readme_data_dir_examples_point_at_the_users_home():
-    for override in readme_train_overrides():
+def test_the_documented_data_dir_examples_point_at_the_users_home():
+    for override in documented_train_overrides():
         if override.startswith("data.dir="):
             assert override.removeprefix("data.dir=").startswith(os.path.expanduser("~")), override
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_relative_link_in_the_readme_and_docs_points_at_a_file_and_heading_that_exist():
+    for page in DOC_PAGES:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, fragment = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.exists(), f"{page.name}: {target}"
+            if fragment and linked.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", linked.read_text(), flags=re.MULTILINE)
+                assert fragment in map(anchor, headings), f"{page.name}: {target}"
+
+
+def test_the_docs_name_no_path_outside_the_repository():
+    for page in DOC_PAGES:
+        for target in re.findall(r"\]\(([^)\s#]+)", page.read_text()):
+            if not re.match(r"[a-z]+:", target):
+                assert (page.parent / target).resolve().is_relative_to(REPO), f"{page.name}: {target}"
+        assert "../shared" not in page.read_text(), page.name
+
+
+TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".sh", ".sbatch", ".toml", ".txt", ""}
+# A number after '#' or after the word issue names a tracker entry, which a reader of the tree cannot follow;
+# hexadecimal colours are not such numbers.
+ISSUE_REFERENCE = re.compile(r"(?<![&\w])#\d{1,4}\b(?![0-9a-fA-F])|\bissues? #?\d+\b", re.IGNORECASE)
+
+
+def test_no_file_of_the_tree_refers_to_an_issue_by_number():
+    roots = ["README.md", "train.py", "pyproject.toml", ".ci", "docs", "configs", "data", "evaluation", "mars",
+             "model", "scripts", "results", "tests", "training"]
+    files = [p for root in roots for p in ([REPO / root] if (REPO / root).is_file() else (REPO / root).rglob("*"))]
+    offenders = [f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+                 for path in files if path.is_file() and path.suffix in TEXT_SUFFIXES and "__pycache__" not in path.parts
+                 for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+                 if ISSUE_REFERENCE.search(line)]
+    assert not offenders, "\n".join(offenders)
