@@ -80,7 +80,7 @@ def split_files(data_dir: Path, split: str) -> list[Path]:
     if not shards:
         raise FileNotFoundError(
             f"{data_dir} has no {split} shards ({split}.bin or {split}_000000.bin, ...): prepare it with "
-            "`python -m data.prepare ...` (see data/README.md)"
+            "`python -m data.prepare ...` (see docs/data.md)"
         )
     return shards
 

@@ -429,7 +429,7 @@ OURS = {
     "train.hellaswag_interval": (0, "no HellaSwag during training, as theirs"),
     "train.hellaswag_file": (None, "no HellaSwag during training"),
     "train.hellaswag_items": (None, "no HellaSwag during training"),
-    "train.max_skipped_steps": (0, "stop at a non-finite loss (theirs trains on: README)"),
+    "train.max_skipped_steps": (0, "stop at a non-finite loss (theirs trains on: docs/paper.md)"),
     "train.zero1": (False, "an unsharded optimizer state, as theirs"),
     "train.distributed_timeout_s": (600.0, "how long a rank waits for a frozen one; theirs is torch's 30 minutes"),
     "wandb.mode": ("disabled", "logging only"),

@@ -1,5 +1,5 @@
-"""Two torchrun "nodes" on this machine (127.0.0.1, Gloo on the CPU) in one c10d rendezvous, as the README's
-multi-node command and scripts/slurm_multinode.sbatch start them: a worker killed outright, a frozen node."""
+"""Two torchrun "nodes" on this machine (127.0.0.1, Gloo on the CPU) in one c10d rendezvous, as the multi-node
+command of docs/multi-node.md and scripts/slurm_multinode.sbatch start them: a worker killed outright, a frozen node."""
 import json
 import os
 import shutil
@@ -125,7 +125,7 @@ def kill_a_worker_and_resume(tmp_path: Path, victim: int) -> None:
 def test_a_killed_worker_restarts_both_nodes_under_c10d_and_the_run_resumes_exactly(tmp_path, victim):
     # Under c10d only the node whose worker died counts a restart (TORCHELASTIC_RESTART_COUNT=1); the other
     # restarts as a membership change and keeps 0. The restarted group must still find each other, every time:
-    # three tries here (the machine is small), ten in a row by hand (see the README).
+    # three tries here (the machine is small), ten in a row by hand (see docs/multi-node.md).
     kill_a_worker_and_resume(tmp_path, victim)
 
 
