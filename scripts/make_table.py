@@ -39,7 +39,7 @@ from omegaconf import OmegaConf
 
 from scripts.runs import (Run, Setting, display_corpus, display_model, display_optimizer, find_run_dirs,
                           group_settings, optimizer_order, readable_runs, short_name, size_order, tokens_label,
-                          where_stopped)
+                          unwritable_output, where_stopped)
 from scripts.target_loss import target_table
 
 # Best validation loss on OpenWebText: Yuan et al., "MARS: Unleashing the Power of Variance Reduction for
@@ -340,9 +340,12 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
     print(table)
-    out.parent.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "-m", "scripts.make_table", *argv])
-    out.write_text(f"<!-- {command} ({datetime.date.today()}) -->\n\n{table}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(f"<!-- {command} ({datetime.date.today()}) -->\n\n{table}")
+    except OSError as err:  # a full disk, a read-only directory: the table is on screen all the same
+        raise SystemExit(unwritable_output(err, out)) from None
     log.info("wrote %s", out)
 
 

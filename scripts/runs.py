@@ -691,3 +691,10 @@ def plot_command(prog: str, doc: str, default_out: str, plot: Callable[..., list
             print(path)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
+    except OSError as err:  # a full disk, a read-only directory
+        raise SystemExit(unwritable_output(err, out)) from None
+
+
+def unwritable_output(err: OSError, out: Path) -> str:
+    """The one line for an output that could not be written (``err`` names the file where it knows it)."""
+    return f"error: cannot write {err.filename or out} ({err.strerror or err}): free space, or choose another --out"

@@ -388,3 +388,13 @@ def test_a_malformed_wandb_export_stops_with_one_line_naming_it(paper_runs, tmp_
     with pytest.raises(SystemExit) as stopped:
         main([str(paper_runs / "*"), "--wandb-csv", str(export), "--out", str(tmp_path / "table.md")])
     assert str(stopped.value).startswith(f"error: {export}") and problem in str(stopped.value)
+
+
+def test_a_table_that_cannot_be_written_is_one_line_naming_it_and_is_still_printed(paper_runs, tmp_path, capsys):
+    out = tmp_path / "table.md"
+    out.symlink_to("/dev/full")  # every write to it fails with ENOSPC, as on a full disk
+    with pytest.raises(SystemExit) as stopped:
+        main([str(paper_runs / "*"), "--out", str(out)])
+    assert str(stopped.value) == f"error: cannot write {out} (No space left on device): free space, or choose another " \
+                                 "--out"
+    assert "3.203 / 3.193 (+0.010)" in capsys.readouterr().out

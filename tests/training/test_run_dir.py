@@ -335,3 +335,12 @@ def test_a_full_disk_under_the_record_of_uncommitted_changes_stops_the_launch_wi
     assert_one_line_error(result, "could not save this launch's uncommitted changes",
                           "launch_00000000.patch (No space left on device)", "launch again")
     assert not list(checkpoint_dir(run_dir).glob("ckpt_*.pt"))  # it stopped before training
+
+
+def test_a_full_disk_as_a_resume_rewrites_the_metrics_log_stops_with_one_line_and_keeps_the_log(tmp_path):
+    assert train(tmp_path, "train.max_iters=2").returncode == 0
+    logged = (tmp_path / "metrics.jsonl").read_bytes()
+    (tmp_path / "metrics.jsonl.tmp").symlink_to("/dev/full")  # the rewritten log's temporary file
+    result = train(tmp_path, "train.resume=true")
+    assert_one_line_error(result, "could not rewrite", "metrics.jsonl (No space left on device)", "train.resume=true")
+    assert (tmp_path / "metrics.jsonl").read_bytes() == logged
