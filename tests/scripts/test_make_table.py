@@ -395,6 +395,6 @@ def test_a_table_that_cannot_be_written_is_one_line_naming_it_and_is_still_print
     out.symlink_to("/dev/full")  # every write to it fails with ENOSPC, as on a full disk
     with pytest.raises(SystemExit) as stopped:
         main([str(paper_runs / "*"), "--out", str(out)])
-    assert str(stopped.value) == f"error: cannot write {out} (No space left on device): free space, or choose another " \
-                                 "--out"
+    assert str(stopped.value) == (f"error: cannot write {out} (No space left on device): free space, or choose "
+                                  "another --out")
     assert "3.203 / 3.193 (+0.010)" in capsys.readouterr().out
