@@ -18,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from configs.schema import ConfigError, grad_accum_steps_for, register_configs, validate
-from data.loader import TokenBatches, build_batches
+from data.loader import TokenBatches, TokenIdOutOfRange, build_batches
 from evaluation.hellaswag import correct_counts, training_items
 from model import GPT, GPTConfig
 from training.checkpoint import (CheckpointReadError, CheckpointSaveError, UnreadableCheckpoints, checkpoint_step,
@@ -166,7 +166,8 @@ def lost_work_message(err: CheckpointSaveError, step: int, previous: Path | None
 
 
 # Faults found alike by every rank (the config, or agreed on by a gather): under torchrun rank 0 alone tells them.
-ERRORS_EVERY_RANK_MEETS = (ConfigError, RunDirectoryError, TrainingDiverged, CheckpointSaveError, DifferentCodeOnRanks)
+ERRORS_EVERY_RANK_MEETS = (ConfigError, RunDirectoryError, TrainingDiverged, CheckpointSaveError, DifferentCodeOnRanks,
+                           TokenIdOutOfRange)
 
 
 @hydra.main(version_base=None, config_path="configs", config_name="config")

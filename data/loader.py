@@ -85,6 +85,10 @@ def split_files(data_dir: Path, split: str) -> list[Path]:
     return shards
 
 
+class TokenIdOutOfRange(ShardError):
+    """A batch holds a token id the model has no embedding for; found alike by every rank (the global batch's)."""
+
+
 class ShardedTokens:
     """The shards of one split read as one token stream, without copying them into memory."""
 
@@ -242,22 +246,26 @@ class TokenBatches:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.vocab_size = vocab_size  # ids at or above it are refused batch by batch (None: not checked)
 
-    def _first_window(self, step: int, micro_step: int) -> int:
-        """Sequential mode: the global index of this rank's first window of micro-batch (step, micro_step)."""
-        return ((step * self.grad_accum_steps + micro_step) * self.world_size + self.rank) * self.batch_size
+    def _first_window(self, step: int, micro_step: int, rank: int | None = None) -> int:
+        """Sequential mode: the global index of a rank's (this one's unless given) first window of micro-batch
+        (step, micro_step)."""
+        rank = self.rank if rank is None else rank
+        return ((step * self.grad_accum_steps + micro_step) * self.world_size + rank) * self.batch_size
 
     def epoch(self, step: int, micro_step: int = 0) -> int:
         """Sequential mode: how many full passes over the split precede this rank's micro-batch."""
         return self._first_window(step, micro_step) // self.windows_per_epoch
 
-    def window_starts(self, step: int, micro_step: int = 0) -> np.ndarray:
-        """Token offsets of the micro-batch's windows in the split's stream."""
+    def window_starts(self, step: int, micro_step: int = 0, rank: int | None = None) -> np.ndarray:
+        """Token offsets of the micro-batch's windows in the split's stream (those of rank ``rank``: this one's
+        unless given)."""
+        rank = self.rank if rank is None else rank
         if self.sampling == Sampling.sequential:
-            windows = self._first_window(step, micro_step) + np.arange(self.batch_size)
+            windows = self._first_window(step, micro_step, rank) + np.arange(self.batch_size)
             return (windows % self.windows_per_epoch) * self.block_size
         # Seeded by the global micro-batch index, so that N ranks draw what one process with N times the
         # accumulation would.
-        global_micro_step = micro_step * self.world_size + self.rank
+        global_micro_step = micro_step * self.world_size + rank
         rng = np.random.default_rng([self.seed, _SPLIT_IDS[self.split], step, global_micro_step])
         if self.sampling == Sampling.random_shard:
             shard = rng.integers(len(self.tokens.shards))
@@ -267,13 +275,27 @@ class TokenBatches:
 
     def batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         starts = self.window_starts(step, micro_step)
-        windows = np.stack([self.tokens.read(int(s), self.block_size + 1) for s in starts]).astype(np.int64)
-        self._check_token_ids(windows, starts)
+        windows = self._read_windows(starts)
+        self._check_global_batch(step, micro_step, windows)
         x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))
         y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))
         if self.device.type == "cuda":
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
         return x.to(self.device), y.to(self.device)
+
+    def _read_windows(self, starts: np.ndarray) -> np.ndarray:
+        return np.stack([self.tokens.read(int(s), self.block_size + 1) for s in starts]).astype(np.int64)
+
+    def _check_global_batch(self, step: int, micro_step: int, windows: np.ndarray) -> None:
+        """Check the token ids of every rank's windows of the micro-batch, in rank order, this rank's ``windows``
+        among them: a bad id then stops every rank alike, with the same message, before the micro-batch's
+        collectives (one rank stopping alone would leave the others waiting for it until the distributed timeout,
+        where no torchrun agent ends them). It costs a host read of the global batch, no device work."""
+        if self.vocab_size is None:
+            return
+        for rank in range(self.world_size):
+            starts = self.window_starts(step, micro_step, rank)
+            self._check_token_ids(windows if rank == self.rank else self._read_windows(starts), starts)
 
     def _check_token_ids(self, windows: np.ndarray, starts: np.ndarray) -> None:
         """Refuse ids the model has no embedding for, here on the host, where it costs a max over the batch: on
@@ -287,9 +309,10 @@ class TokenBatches:
         shard = int(np.searchsorted(self.tokens.ends, position, side="right"))
         where = self.tokens.paths[shard] if self.tokens.paths else f"shard {shard}"
         offset = position - int(self.tokens.starts[shard])
-        raise ShardError(f"{where} holds token id {int(windows[row, column])} at token {offset}, but model.vocab_size "
-                         f"is {self.vocab_size}: the shards were made with another tokenizer (or their manifest.json "
-                         "is out of date); prepare the corpus with the model's tokenizer, or raise model.vocab_size")
+        raise TokenIdOutOfRange(
+            f"{where} holds token id {int(windows[row, column])} at token {offset}, but model.vocab_size is "
+            f"{self.vocab_size}: the shards were made with another tokenizer (or their manifest.json is out of "
+            "date); prepare the corpus with the model's tokenizer, or raise model.vocab_size")
 
     def peek(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch that step ``step + 1`` will draw: what the exact MARS scheme needs one step ahead."""

@@ -7,4 +7,5 @@ cd "$(dirname "$0")/.."
 nproc="${NPROC:-$(nvidia-smi -L 2>/dev/null | wc -l)}"
 [ "$nproc" -ge 1 ] || nproc=1
 run_dir="${RUN_DIR:-outputs/$(date +%Y-%m-%d/%H-%M-%S)}"
-exec torchrun --standalone --nproc_per_node="$nproc" train.py "hydra.run.dir=$run_dir" "$@"
+source scripts/reason_last.sh
+reason_last torchrun --standalone --nproc_per_node="$nproc" train.py "hydra.run.dir=$run_dir" "$@"

@@ -38,8 +38,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from scripts.runs import (Run, Setting, display_corpus, display_model, display_optimizer, find_run_dirs,
-                          group_settings, load_run, optimizer_order, short_name, size_order, tokens_label,
-                          where_stopped)
+                          group_settings, optimizer_order, readable_runs, short_name, size_order, tokens_label,
+                          unwritable_output, where_stopped)
 from scripts.target_loss import target_table
 
 # Best validation loss on OpenWebText: Yuan et al., "MARS: Unleashing the Power of Variance Reduction for
@@ -70,8 +70,7 @@ log = logging.getLogger(__name__)
 
 def load_wandb_csv(path: Path) -> list[Run]:
     """One run per ``<run name> - val/loss`` column of a wandb chart export; the name must be a preset's."""
-    with open(path, newline="") as f:
-        header, *rows = list(csv.reader(f))
+    header, *rows = read_csv(path) or [[]]
     if "Step" not in header:
         raise ValueError(f"{path}: not a wandb chart export (no Step column)")
     step_column = header.index("Step")
@@ -84,12 +83,31 @@ def load_wandb_csv(path: Path) -> list[Run]:
         if parts is None:
             log.warning("%s: skipping run %r, whose name is not a preset name", path, name)
             continue
-        records = [{"step": int(float(row[step_column])), "val/loss": float(row[column])}
-                   for row in rows if row[column].strip()]
+        try:
+            records = [{"step": int(float(row[step_column])), "val/loss": float(row[column])}
+                       for row in rows if row[column].strip()]
+        except ValueError as err:  # a cell that is not a number
+            raise ValueError(f"{path}, column {title!r}: {err}: export the chart again from wandb") from None
         runs.append(Run(name=f"{path}:{name}", corpus=PRESET_CORPORA[parts["corpus"]], model=parts["model"],
                         optimizer=parts["optimizer"], budget=int(parts["billions"]) * 1e9, setting=name,
                         records=records, max_iters=preset_max_iters(name)))
     return runs
+
+
+def read_csv(path: Path) -> list[list[str]]:
+    """The rows of a CSV file, each as long as its header; a file that is not one stops with a line naming it."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except OSError as err:
+        raise ValueError(f"{path} cannot be read ({err.strerror})") from None
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise ValueError(f"{path} is not a CSV text file ({err}): export the chart again from wandb") from None
+    short = next((number for number, row in enumerate(rows[1:], 2) if len(row) != len(rows[0])), None)
+    if short is not None:
+        raise ValueError(f"{path} line {short} has {len(rows[short - 1])} fields, the header {len(rows[0])}: the "
+                         "file is cut short or edited; export the chart again from wandb")
+    return rows
 
 
 def preset_max_iters(name: str) -> int | None:
@@ -283,12 +301,14 @@ def labelled_settings(groups: dict[tuple, list[Setting]]) -> list[tuple[tuple, S
     return rows
 
 
-def make_table(runs: list[Run], target_loss: float | None = None) -> str:
+def make_table(runs: list[Run], target_loss: float | None = None, unreadable: list[str] = ()) -> str:
+    """The tables of ``runs``; ``unreadable`` says why each run directory that could not be read is left out."""
     groups = group_settings(runs)
     if not groups:
         raise ValueError("no runs found: nothing to tabulate")
     target = [] if target_loss is None else target_table(labelled_settings(groups), target_loss)
-    return "\n".join(paper_layout(groups) + settings_table(groups) + target
+    skipped = ["Run directories left out, unreadable: " + "; ".join(unreadable) + ".", ""] if unreadable else []
+    return "\n".join(paper_layout(groups) + settings_table(groups) + target + skipped
                      + [f"Paper numbers: {PAPER_CITATION}.", ""])
 
 
@@ -313,16 +333,19 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         run_dirs = find_run_dirs(args.runs)
-        runs = list(map(load_run, run_dirs))
+        runs, unreadable = readable_runs(run_dirs)
         runs += [run for path in args.wandb_csv for run in load_wandb_csv(path)]
-        table = make_table(runs, args.target_loss)
+        table = make_table(runs, args.target_loss, unreadable)
         out = args.out or default_out([*run_dirs, *args.wandb_csv])
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
     print(table)
-    out.parent.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "-m", "scripts.make_table", *argv])
-    out.write_text(f"<!-- {command} ({datetime.date.today()}) -->\n\n{table}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(f"<!-- {command} ({datetime.date.today()}) -->\n\n{table}")
+    except OSError as err:  # a full disk, a read-only directory: the table is on screen all the same
+        raise SystemExit(unwritable_output(err, out)) from None
     log.info("wrote %s", out)
 
 

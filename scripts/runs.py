@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
@@ -217,10 +218,43 @@ def count_label(count: float) -> str:
     return f"{count:.3g}"
 
 
+class UnreadableRun(ValueError):
+    """A run directory whose saved config or failure record cannot be read; the message names the file."""
+
+
 def read_failure(run_dir: Path) -> dict | None:
     """The run's failure.json, or None if it holds none."""
     path = run_dir / FAILURE_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        failure = json.loads(path.read_bytes())
+    except OSError as err:
+        raise UnreadableRun(f"{path} cannot be read ({err.strerror})") from None
+    except ValueError as err:  # undecodable bytes, or not JSON
+        raise UnreadableRun(f"{path} is not JSON ({err})") from None
+    missing = [key for key in ("kind", "reason", "overrides") if not isinstance(failure, dict) or key not in failure]
+    if missing:
+        raise UnreadableRun(f"{path} is not a failure record train.py wrote (no {', '.join(missing)})")
+    return failure
+
+
+def read_saved_config(path: Path) -> dict:
+    """The config train.py saved in ``.hydra/config.yaml``, checked to hold the sections the labels come from."""
+    try:
+        cfg = OmegaConf.to_container(OmegaConf.load(path))
+    except OSError as err:
+        raise UnreadableRun(f"{path} cannot be read ({err.strerror})") from None
+    except (yaml.YAMLError, ValueError, OmegaConfBaseException) as err:  # ValueError: undecodable bytes
+        raise UnreadableRun(f"{path} is not YAML ({' '.join(str(err).split())})") from None
+    if not cfg:
+        raise UnreadableRun(f"{path} is empty")
+    if not isinstance(cfg, dict):
+        raise UnreadableRun(f"{path} holds a {type(cfg).__name__}, not the mapping of a saved config")
+    lacking = [section for section in ("model", "optimizer", "data", "train") if not isinstance(cfg.get(section), dict)]
+    if lacking:
+        raise UnreadableRun(f"{path} has no {', '.join(lacking)} section: not a config train.py saved")
+    return cfg
 
 
 def composed_config(overrides: list[str]) -> dict | None:
@@ -246,12 +280,22 @@ def load_run(run_dir: Path) -> Run:
     """The run in ``run_dir``: finished, stopped, failed (``failure.json``), or not past its first step yet."""
     failure = read_failure(run_dir)
     config_path = run_dir / ".hydra" / "config.yaml"
-    cfg = OmegaConf.to_container(OmegaConf.load(config_path)) if config_path.is_file() else None
+    cfg = read_saved_config(config_path) if config_path.is_file() else None
     if cfg is None:
         cfg = composed_config(failure["overrides"])
         if cfg is None:
             return unlabelled_failure(run_dir, failure)
-    records = read_metrics(run_dir)
+    try:
+        return labelled_run(run_dir, cfg, read_metrics(run_dir), failure)
+    except OSError as err:
+        raise UnreadableRun(f"{run_dir / METRICS_FILE} cannot be read ({err.strerror})") from None
+    except (KeyError, TypeError, AttributeError) as err:  # a key missing, or a value of another type
+        problem = f"lacks the key {err}" if isinstance(err, KeyError) else f"holds a value of the wrong type ({err})"
+        raise UnreadableRun(f"{config_path} {problem}: not a config train.py saved") from None
+
+
+def labelled_run(run_dir: Path, cfg: dict, records: list[dict], failure: dict | None) -> Run:
+    """The run of ``run_dir`` labelled from its saved (or composed) config and its metrics log."""
     step = next((r for r in records if "train/loss" in r and r["step"] > 0), None)
     # Tokens per step come from the log, which counts every rank: the config alone does not know the world size.
     # A run that logged no training step (it failed or stopped before) has the config's on one process.
@@ -435,7 +479,21 @@ def matching_paths(pattern: str) -> list[str]:
 
 
 def load_runs(patterns: list[str]) -> list[Run]:
-    return list(map(load_run, find_run_dirs(patterns)))
+    """The readable runs that ``patterns`` match (the others are skipped with a warning)."""
+    return readable_runs(find_run_dirs(patterns))[0]
+
+
+def readable_runs(run_dirs: list[Path]) -> tuple[list[Run], list[str]]:
+    """The runs of ``run_dirs``, and why each of the others cannot be read: one broken directory among a hundred
+    runs is skipped with a warning naming its file, not the end of the table."""
+    runs, unreadable = [], []
+    for run_dir in run_dirs:
+        try:
+            runs.append(load_run(run_dir))
+        except UnreadableRun as err:
+            log.warning("warning: skipping %s: %s", run_dir, err)
+            unreadable.append(f"{err}")
+    return runs, unreadable
 
 
 @dataclass
@@ -633,3 +691,10 @@ def plot_command(prog: str, doc: str, default_out: str, plot: Callable[..., list
             print(path)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
+    except OSError as err:  # a full disk, a read-only directory
+        raise SystemExit(unwritable_output(err, out)) from None
+
+
+def unwritable_output(err: OSError, out: Path) -> str:
+    """The one line for an output that could not be written (``err`` names the file where it knows it)."""
+    return f"error: cannot write {err.filename or out} ({err.strerror or err}): free space, or choose another --out"

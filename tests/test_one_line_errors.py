@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -209,3 +210,46 @@ def test_launcher_variables_left_in_the_shell_are_named_with_how_to_clear_them(t
     env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": None, "MASTER_ADDR": None, "MASTER_PORT": None}
     assert_one_line(train(tmp_path / "run", env=env), "RANK=0 WORLD_SIZE=2",
                     "LOCAL_RANK, MASTER_ADDR, MASTER_PORT unset", "unset RANK WORLD_SIZE")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_full_set_of_launcher_variables_left_in_the_shell_ends_the_wait_with_one_line(tmp_path, rank):
+    # Every variable torchrun sets, yet no other rank comes: after train.distributed_timeout_s, one line.
+    env = {"RANK": rank, "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "TORCHELASTIC_RUN_ID": None}
+    last = assert_one_line(train(tmp_path / "run", "train.distributed_timeout_s=3", env=env),
+                           f"rank {rank} of WORLD_SIZE=2 could not join the process group", "within 3s",
+                           "unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT")
+    assert f"127.0.0.1:{env['MASTER_PORT']}" in last
+
+
+def test_a_token_id_beyond_the_vocabulary_in_one_ranks_batch_stops_every_rank_of_an_srun_launch(tmp_path, corpus):
+    # srun starting each rank itself (no torchrun agent to end the others): with sequential windows of 16 tokens,
+    # rank 0's first batch is tokens 0-32, rank 1's 32-64; only rank 1 would meet the id at token 40.
+    tokens = np.array(read_shard(corpus / "train.bin"))
+    tokens[40] = 60_000  # beyond model.vocab_size (50304); the manifest says otherwise
+    write_shard(corpus / "train.bin", tokens)
+    edit_manifest(corpus, lambda m: [shard.update(max_token_id=50_000) for shard in m["shards"]])
+    port = free_port()
+    timeout_s = 300
+    started = time.monotonic()
+    ranks = [subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={tmp_path / 'run'}", *SMALL, f"data.dir={corpus}",
+         "data.sampling=sequential", f"train.distributed_timeout_s={timeout_s}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=environment({"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                         "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})) for rank in (0, 1)]
+    outputs = [rank.communicate(timeout=2 * timeout_s) for rank in ranks]
+    assert time.monotonic() - started < timeout_s / 2  # neither waited for the other until the timeout
+    assert [rank.returncode != 0 for rank in ranks] == [True, True], outputs
+    output = "".join(out + err for out, err in outputs)
+    assert "Traceback" not in output, output
+    message = outputs[0][1].strip().splitlines()[-1]
+    assert message.startswith("error: ") and "holds token id 60000 at token 40" in message, output
+    assert output.count("holds token id 60000") == 1, output  # told once, by rank 0

@@ -93,9 +93,27 @@ def init_distributed(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S)
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         timeout = timedelta(seconds=timeout_s)
-        dist.init_process_group(backend=backend, store=elastic_store(rank, world_size, timeout), rank=rank,
-                                world_size=world_size, timeout=timeout)
+        if rank == 0:
+            log.info("joining a process group of %d ranks at %s:%s (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
+                     "from the environment); waiting up to %gs (train.distributed_timeout_s) for the others",
+                     world_size, os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], timeout_s)
+        try:
+            dist.init_process_group(backend=backend, store=elastic_store(rank, world_size, timeout), rank=rank,
+                                    world_size=world_size, timeout=timeout)
+        except (dist.DistError, TimeoutError) as err:
+            # Without torchrun's agent, the variables may be what an earlier launcher left in the shell.
+            leftover = "" if "TORCHELASTIC_RUN_ID" in os.environ else (
+                f", or these variables are left over from an earlier launcher in this shell: `unset "
+                f"{' '.join(LAUNCHER_VARIABLES)}` to train in one process")
+            raise GroupJoinTimeout(
+                f"rank {rank} of WORLD_SIZE={world_size} could not join the process group at "
+                f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} within {timeout_s:g}s "
+                f"({' '.join(str(err).split())[:200]}): a node is down or still starting{leftover}") from None
     return DistributedContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+class GroupJoinTimeout(ValueError):
+    """The other ranks did not join the process group in time; the message names the address and the fixes."""
 
 
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

@@ -105,8 +105,13 @@ class MetricsLogger:
             return
         kept = [r for r in read_metrics(self.path.parent)
                 if r["step"] < step or (r["step"] == step and not LAUNCH_KEYS & r.keys())]
-        with atomic_file(self.path) as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
+        try:
+            with atomic_file(self.path) as f:
+                f.writelines(json.dumps(r) + "\n" for r in kept)
+        except OSError as err:  # a full disk or quota, a vanished or read-only directory: the old log is intact
+            raise MetricsWriteError(f"could not rewrite {self.path} ({err.strerror or err}): free space or fix the "
+                                    "directory, then resume with train.resume=true (the log and the checkpoints "
+                                    "are intact)") from None
 
     def record(self, record: dict) -> None:
         """Append ``record`` to the log file only (an event such as a resume, not a metric)."""

@@ -149,6 +149,10 @@ def launch_command() -> dict:
     return {"command": overrides, "torchrun": torchrun}
 
 
+class ProvenanceWriteError(ValueError):
+    """The record of the code a launch runs could not be saved; the message says why and how to go on."""
+
+
 def patch_files(run_dir: Path) -> list[Path]:
     """The patches that launches into ``run_dir`` saved, each named after the step its launch started at."""
     return sorted(path for path in (Path(run_dir) / PATCH_DIR).glob("launch_*.patch")
@@ -168,9 +172,15 @@ def launch_record(run_dir: Path, step: int, code: dict, ranks: list[dict], devic
     patch = None
     if code["diff"]:
         path = Path(run_dir) / PATCH_DIR / f"launch_{step:08d}.patch"  # as PATCH_NAME reads it
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(path, "wb") as f:
-            f.write(code["diff"])
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_file(path, "wb") as f:
+                f.write(code["diff"])
+        except OSError as err:  # a full disk or quota, a vanished or read-only directory
+            raise ProvenanceWriteError(
+                f"could not save this launch's uncommitted changes to {path} ({err.strerror or err}): a run must "
+                "record the code it ran; free space or fix the directory, then launch again (train.resume=true "
+                "continues from the last checkpoint)") from None
         patch = str(path.relative_to(run_dir))
     return {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             **launch_command(), "commit": code["commit"], "patch": patch,

@@ -1,5 +1,6 @@
 """One run per directory: the directory is locked while a run writes to it, a fresh start does not take over
 another run's checkpoints or log, and a directory that cannot be written is found before any step is lost."""
+import contextlib
 import datetime
 import errno
 import fcntl
@@ -7,6 +8,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 from pathlib import Path
 from typing import TextIO
 
@@ -285,6 +287,35 @@ class WritableRunDirectory(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         refuse_unwritable_directory(config, "hydra.sweep.dir")
+
+    def on_job_start(self, config: DictConfig, **kwargs) -> None:
+        stop_on_log_file_errors()
+
+
+class LogFileWriteError(ValueError):
+    """The job log (train.log) could not be written; the message says why and how to go on."""
+
+
+def stop_on_log_file_errors() -> None:
+    """Make a failed write to the job log files (a full disk) stop the run with one line, where ``logging`` would
+    print a traceback for every line it cannot write and train on."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handleError = lambda record, handler=handler: log_file_failed(handler, record)
+
+
+def log_file_failed(handler: logging.FileHandler, record: logging.LogRecord) -> None:
+    """Drop ``handler`` (the lines after this one go to the console only) and raise :class:`LogFileWriteError`."""
+    err = sys.exc_info()[1]
+    if not isinstance(err, OSError):  # a bad format string, say: logging's own report
+        logging.FileHandler.handleError(handler, record)
+        return
+    logging.getLogger().removeHandler(handler)
+    with contextlib.suppress(OSError):  # closing flushes what is still buffered, into the same full disk
+        handler.close()
+    raise LogFileWriteError(f"could not write the job log {handler.baseFilename} ({err.strerror or err}): free "
+                            "space or fix the directory, then resume with train.resume=true (the checkpoints are "
+                            "intact)")
 
 
 def refuse_unwritable_directory(config: DictConfig, key: str) -> None:

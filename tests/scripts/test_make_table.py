@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from scripts.make_table import PAPER_VAL_LOSS, load_wandb_csv, main, make_table
 from scripts.runs import count_label, load_runs
@@ -331,3 +332,69 @@ def test_a_wandb_export_reaches_a_target_at_the_presets_tokens_per_step_and_has_
     muon = next(line for line in target.splitlines() if line.startswith("| OpenWebText |"))
     assert [cell.strip() for cell in muon.strip("|").split("|")][7:] == [count_label(step * 5e9 / 10_000), "–",
                                                                          "1.00x", "–"]
+
+
+BROKEN_CONFIGS = {"empty": b"", "a YAML list": b"- model\n- optimizer\n", "not YAML": b"model: [gpt2\n",
+                  "undecodable": b"\xff\xfe\x00model", "a string": b"just a note\n"}
+
+
+@pytest.mark.parametrize("content", BROKEN_CONFIGS.values(), ids=BROKEN_CONFIGS.keys())
+def test_a_run_whose_saved_config_is_broken_is_left_out_with_its_file_named(paper_runs, make_run, tmp_path, caplog,
+                                                                            content):
+    broken = paper_runs / "broken"
+    make_run(broken, ["experiment=owt-gpt2-small-5b-adamw"], [10.9, 3.6, 3.0], TOKENS_PER_STEP)
+    (broken / ".hydra" / "config.yaml").write_bytes(content)
+    out = tmp_path / "table.md"
+    main([str(paper_runs / "*"), "--out", str(out)])
+    table = out.read_text()
+    assert "3.203 / 3.193 (+0.010)" in table  # the readable runs are tabulated, the broken one's 3.0 is not
+    left_out = f"Run directories left out, unreadable: {broken / '.hydra' / 'config.yaml'} "
+    assert left_out in table and "3.000" not in table
+    assert f"warning: skipping {broken}: {broken / '.hydra' / 'config.yaml'} " in caplog.text
+
+
+@pytest.mark.parametrize("missing", ["optimizer.lr", "train.max_iters", "optimizer"])
+def test_a_saved_config_without_a_key_the_labels_need_is_named_and_skipped(paper_runs, make_run, caplog, missing):
+    broken = paper_runs / "broken"
+    make_run(broken, ["experiment=owt-gpt2-small-5b-adamw"], [10.9, 3.6, 3.0], TOKENS_PER_STEP)
+    config = broken / ".hydra" / "config.yaml"
+    saved = OmegaConf.load(config)
+    section, _, key = missing.partition(".")
+    saved[section].pop(key) if key else saved.pop(section)
+    OmegaConf.save(saved, config)
+    runs = load_runs([str(paper_runs)])
+    assert len(runs) == 4 and str(broken) not in [run.name for run in runs]
+    assert f"skipping {broken}: {config} " in caplog.text and (key or section) in caplog.text
+
+
+def test_a_broken_failure_record_is_named_and_skipped(paper_runs, caplog):
+    broken = paper_runs / "refused"
+    broken.mkdir()
+    (broken / "failure.json").write_text('{"kind": "refused", "rea')  # a disk that filled mid-write
+    assert len(load_runs([str(paper_runs)])) == 4
+    assert f"skipping {broken}: {broken / 'failure.json'} is not JSON" in caplog.text
+
+
+BROKEN_EXPORTS = {"empty": (b"", "no Step column"),
+                  "cut short": (b"Step,owt-gpt2-small-5b-muon - val/loss\n0,10.9\n5000\n", "line 3 has 1 fields"),
+                  "not a number": (b"Step,owt-gpt2-small-5b-muon - val/loss\n0,ten\n", "could not convert"),
+                  "undecodable": (b"Step,\xff\xfe\n", "not a CSV text file")}
+
+
+@pytest.mark.parametrize("content, problem", BROKEN_EXPORTS.values(), ids=BROKEN_EXPORTS.keys())
+def test_a_malformed_wandb_export_stops_with_one_line_naming_it(paper_runs, tmp_path, content, problem):
+    export = tmp_path / "val_loss.csv"
+    export.write_bytes(content)
+    with pytest.raises(SystemExit) as stopped:
+        main([str(paper_runs / "*"), "--wandb-csv", str(export), "--out", str(tmp_path / "table.md")])
+    assert str(stopped.value).startswith(f"error: {export}") and problem in str(stopped.value)
+
+
+def test_a_table_that_cannot_be_written_is_one_line_naming_it_and_is_still_printed(paper_runs, tmp_path, capsys):
+    out = tmp_path / "table.md"
+    out.symlink_to("/dev/full")  # every write to it fails with ENOSPC, as on a full disk
+    with pytest.raises(SystemExit) as stopped:
+        main([str(paper_runs / "*"), "--out", str(out)])
+    assert str(stopped.value) == (f"error: cannot write {out} (No space left on device): free space, or choose "
+                                  "another --out")
+    assert "3.203 / 3.193 (+0.010)" in capsys.readouterr().out

@@ -131,3 +131,12 @@ def test_a_failed_point_is_a_cross_at_the_axis_with_its_reason_in_the_legend(swe
                                     "MARS-approx, gamma 0.5 diverged at step 2: the loss is nan at step 3"]
     figure.savefig(tmp_path / "gamma_sweep.png")
     plt.close(figure)
+
+
+def test_figures_that_cannot_be_written_are_one_line_naming_the_file(sweep, tmp_path):
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    (figures / "lr_sweep_embedded_4x128_102K.png").symlink_to("/dev/full")  # every write fails with ENOSPC
+    with pytest.raises(SystemExit) as stopped:
+        main([str(sweep), "--out", str(figures)])
+    assert str(stopped.value).startswith("error: cannot write ") and "(No space left on device)" in str(stopped.value)

@@ -15,10 +15,11 @@ FAKE_TOOLS = {
 }
 
 
-def launch(tmp_path: Path, job_id: str, **env: str) -> subprocess.CompletedProcess:
+def launch(tmp_path: Path, job_id: str, tools: dict[str, str] = FAKE_TOOLS,
+           **env: str) -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    for name, body in FAKE_TOOLS.items():
+    for name, body in tools.items():
         (bin_dir / name).write_text("#!/usr/bin/env bash\n" + body)
         (bin_dir / name).chmod(0o755)
     slurm = {"SLURM_SUBMIT_DIR": str(REPO), "SLURM_JOB_ID": job_id, "SLURM_JOB_NUM_NODES": "2",
@@ -62,3 +63,16 @@ def test_gpus_per_node_overrides_what_slurm_granted(tmp_path, granted):
     env = {"GPUS_PER_NODE": "1", **({"SLURM_GPUS_ON_NODE": granted} if granted else {})}
     assert launch(tmp_path, "4242", **env).returncode == 0
     assert "--nproc_per_node=1" in torchrun_args(tmp_path, "4242")
+
+
+def test_a_refused_run_ends_the_job_log_with_its_one_line(tmp_path):
+    # As torchrun does when a rank stopped with train.py's reason: its summary and traceback, then exit 1, having
+    # copied the rank's error record to the file its TORCHELASTIC_ERROR_FILE names.
+    message = "error: optimizer.lr=inf is not a finite number: give it a finite value"
+    refusing = {**FAKE_TOOLS, "torchrun": f"""echo '{message}' >&2
+echo '{{"message": {{"message": "{message}", "extraInfo": {{}}}}}}' > "$TORCHELASTIC_ERROR_FILE"
+echo 'torch.distributed.elastic.multiprocessing.errors.ChildFailedError:' >&2; exit 1
+"""}
+    result = launch(tmp_path, "4242", tools=refusing, SLURM_GPUS_ON_NODE="8")
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == message, result.stderr

@@ -3,6 +3,7 @@ import datetime
 import fcntl
 import os
 import resource
+import shutil
 import signal
 import stat
 import subprocess
@@ -300,3 +301,46 @@ def test_resume_and_overwrite_together_are_refused_and_delete_nothing(tmp_path):
     with pytest.raises(RunDirectoryError, match="pick one"):
         prepare_run_dir(tmp_path, resume=True, overwrite=True)
     assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_a_full_disk_under_the_job_log_stops_the_run_with_one_line_and_keeps_its_checkpoint(tmp_path):
+    assert train(tmp_path, "train.max_iters=2").returncode == 0
+    saved = (checkpoint_dir(tmp_path) / "ckpt_00000002.pt").read_bytes()
+    logged = read_metrics(tmp_path)
+    (tmp_path / "train.log").unlink()
+    (tmp_path / "train.log").symlink_to("/dev/full")  # every write to it fails with ENOSPC, as on a full disk
+    result = train(tmp_path, "train.resume=true")
+    assert_one_line_error(result, "could not write the job log", "train.log (No space left on device)",
+                          "train.resume=true")
+    assert result.stderr.count("could not write the job log") == 1 and "Logging error" not in result.stderr
+    assert (checkpoint_dir(tmp_path) / "ckpt_00000002.pt").read_bytes() == saved
+    assert read_metrics(tmp_path)[:len(logged)] == logged
+
+
+def test_a_full_disk_under_the_record_of_uncommitted_changes_stops_the_launch_with_one_line(tmp_path):
+    # A checkout with an uncommitted change: each launch saves it as code/launch_<step>.patch in the run directory.
+    copy = tmp_path / "checkout"
+    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", "outputs",
+                                                              "multirun"))
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-C", str(copy)]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "checkout"]):
+        subprocess.run([*git, *command], check=True, capture_output=True)
+    schedule = copy / "training" / "schedule.py"
+    schedule.write_text(schedule.read_text() + "# an uncommitted change\n")
+    run_dir = tmp_path / "run"
+    (run_dir / "code").mkdir(parents=True)
+    (run_dir / "code" / "launch_00000000.patch.tmp").symlink_to("/dev/full")  # the patch's temporary file
+    result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", *SMALL], cwd=copy,
+                            capture_output=True, text=True, timeout=600)
+    assert_one_line_error(result, "could not save this launch's uncommitted changes",
+                          "launch_00000000.patch (No space left on device)", "launch again")
+    assert not list(checkpoint_dir(run_dir).glob("ckpt_*.pt"))  # it stopped before training
+
+
+def test_a_full_disk_as_a_resume_rewrites_the_metrics_log_stops_with_one_line_and_keeps_the_log(tmp_path):
+    assert train(tmp_path, "train.max_iters=2").returncode == 0
+    logged = (tmp_path / "metrics.jsonl").read_bytes()
+    (tmp_path / "metrics.jsonl.tmp").symlink_to("/dev/full")  # the rewritten log's temporary file
+    result = train(tmp_path, "train.resume=true")
+    assert_one_line_error(result, "could not rewrite", "metrics.jsonl (No space left on device)", "train.resume=true")
+    assert (tmp_path / "metrics.jsonl").read_bytes() == logged
