@@ -3,10 +3,22 @@
 # again after torchrun's own summary and traceback, so that it is the last line on screen (or in the job's log).
 # Returns the command's status.
 reason_last() {
-    local record status=0
+    local record status child
     record=$(mktemp)
-    # torchrun copies the failed rank's error record, which holds train.py's reason, to this file.
-    TORCHELASTIC_ERROR_FILE="$record" "$@" || status=$?
+    # torchrun copies the failed rank's error record, which holds train.py's reason, to this file. It runs in the
+    # background so that this script can print after it; a background job ignores Ctrl-C unless told otherwise.
+    ( trap - INT; TORCHELASTIC_ERROR_FILE="$record" exec "$@" ) &
+    child=$!
+    # A scheduler's SIGTERM to this script is a preemption: torchrun passes it on to every rank, which checkpoint.
+    # Ctrl-C reaches torchrun directly (same process group): the no-op trap only keeps this script waiting for it.
+    trap 'kill -TERM "$child" 2>/dev/null' TERM
+    trap ':' INT
+    while :; do
+        status=0
+        wait "$child" || status=$?
+        kill -0 "$child" 2>/dev/null || break
+    done
+    trap - TERM INT
     if [ "$status" -ne 0 ] && [ -s "$record" ]; then
         python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["message"]["message"], file=sys.stderr)' \
             "$record" || true

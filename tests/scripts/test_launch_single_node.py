@@ -1,7 +1,9 @@
 """scripts/launch_single_node.sh with two CPU processes (Gloo): what a refused run leaves on screen."""
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,3 +22,23 @@ def test_a_refused_run_ends_with_its_one_line_after_torchruns_summary(tmp_path):
     assert "ChildFailedError" in result.stdout  # torchrun's own traceback comes first ...
     assert lines[-1] == message, result.stdout  # ... and the reason is the last line
     assert lines.count(message) == 2  # rank 0's line as it stopped, and the last one; none from rank 1
+
+
+def test_a_sigterm_to_the_script_reaches_every_rank_which_checkpoint_their_step(tmp_path):
+    # A scheduler preempting a job signals the script it started; torchrun runs as its child. (torchrun itself
+    # exits 1 on SIGTERM whatever its workers do, so the status is not the test.)
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "NPROC": "2", "RUN_DIR": str(run_dir), "OMP_NUM_THREADS": "1",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    script = subprocess.Popen(["bash", "scripts/launch_single_node.sh", *SMALL, "train.max_iters=100000",
+                               "train.log_interval=1"], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while '"train/loss"' not in (metrics.read_text() if metrics.exists() else ""):
+        assert script.poll() is None and time.monotonic() < deadline, script.communicate()[0]
+        time.sleep(0.5)
+    script.send_signal(signal.SIGTERM)
+    output = script.communicate(timeout=300)[0]
+    assert "on a termination signal" in output and "resume: " in output, output
+    assert list((run_dir / "checkpoints").glob("ckpt_*.pt")), output
