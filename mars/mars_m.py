@@ -60,7 +60,6 @@ class _ShapeScaledOrthogonal(DispatchingOptimizer):
     (:func:`mars.reference.apply_shape_scaled_update`); every other tensor takes the authors' AdamW
     (:func:`mars.reference.mars_m_adamw_step`) with the group's lr and weight decay."""
 
-    ADDED_OPTIONS = ("ns_form",)
     OPTIMIZER_OPTIONS = ("process_group", "foreach", "ns_cuda_graph")
 
     def _check_group(self, group: dict[str, Any]) -> None:
@@ -105,11 +104,6 @@ class _ShapeScaledOrthogonal(DispatchingOptimizer):
             params, [param.grad for param in params], state_buffers(params, states, "exp_avg"),
             state_buffers(params, states, "exp_avg_sq"), steps=advance_steps(states), lr=as_float(group["lr"]),
             beta1=beta1, beta2=beta2, eps=group["adamw_eps"], weight_decay=group["weight_decay"])
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # Also called by load_state_dict, whose state has no "foreach": the optimizer keeps its own.
-        super().__setstate__(state)
-        self.__dict__.setdefault("foreach", None)  # pickled before the option existed
 
 
 class MarsM(LookaheadGradient, _ShapeScaledOrthogonal):

@@ -77,9 +77,6 @@ class Muon(DispatchingOptimizer):
     the same results, on the CPU bit for bit. torch's AdamW (``adamw_variant="torch"``) runs tensor by tensor.
     """
 
-    foreach: bool | None = None  # also what optimizers pickled before the option read
-
-    ADDED_OPTIONS = ("adamw_variant", "update_dtype", "ns_form")
     OPTIMIZER_OPTIONS = ("process_group", "ns_cuda_graph", "foreach")
     SECOND_LR = ("adamw_lr", "adamw_lr_ratio")
 

@@ -9,7 +9,6 @@ look-ahead gradient (MARS and MARS-M).
 """
 import functools
 import importlib
-import inspect
 import importlib.util
 import os
 import weakref
@@ -143,24 +142,6 @@ def set_group_lr_ratio(group: dict[str, Any], lr_key: str, ratio_key: str, value
     group[ratio_key] = value / lr
 
 
-def constructor_default(cls: type, key: str) -> Any:
-    """The default of the constructor argument ``key`` of ``cls``, from the nearest class in its MRO whose
-    ``__init__`` takes it (a subclass's own ``__init__`` need not repeat every option)."""
-    for klass in cls.__mro__:
-        if "__init__" in vars(klass):
-            parameters = inspect.signature(klass.__init__).parameters
-            if key in parameters:
-                return parameters[key].default
-    raise KeyError(f"no constructor of {cls.__name__} takes {key!r}")
-
-
-def fill_new_defaults(optimizer: torch.optim.Optimizer) -> None:
-    """Give param groups loaded from an older state_dict the hyperparameters added since (at their defaults)."""
-    for group in optimizer.param_groups:
-        for key, value in optimizer.defaults.items():
-            group.setdefault(key, value)
-
-
 def restore_state_dtype(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
     """Undo ``Optimizer.load_state_dict``'s cast of floating state to the parameter dtype.
 
@@ -176,38 +157,6 @@ def restore_state_dtype(optimizer: torch.optim.Optimizer, state_dict: dict[str, 
         for key, value in state_dict["state"].get(saved_id, {}).items():
             if torch.is_tensor(value) and value.is_floating_point():
                 optimizer.state[param][key] = value.to(device=param.device, dtype=state_dtype, copy=True)
-
-
-class Float32StateOptimizer(torch.optim.Optimizer):
-    """An optimizer whose state is float32 for bfloat16/float16/float32 parameters (float64 for float64 ones)
-    through ``load_state_dict`` and pickling, whose param groups from older state dicts and pickles get the
-    hyperparameters added since, and whose param groups refuse the options of the whole optimizer."""
-
-    # Constructor options added after the first optimizers were saved: a pickle from before lacks them even in
-    # its ``defaults``, which then get the constructor's default.
-    ADDED_OPTIONS: tuple[str, ...] = ()
-    # Constructor arguments that hold for the whole optimizer, refused in a param group.
-    OPTIMIZER_OPTIONS: tuple[str, ...] = ()
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        refuse_optimizer_options(param_group, self)
-        super().add_param_group(param_group)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load as ``torch.optim.Optimizer`` does, keeping float32 state for low-precision parameters."""
-        super().load_state_dict(state_dict)
-        restore_state_dtype(self, state_dict)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        if "defaults" in state:  # a pickle; load_state_dict's groups get them from the constructed defaults
-            for key in self.ADDED_OPTIONS:
-                if key not in state["defaults"]:
-                    state["defaults"][key] = constructor_default(type(self), key)
-        super().__setstate__(state)
-        # torch's __setstate__ adds its own ``differentiable`` to the defaults, which these optimizers do not
-        # take: left there, it would join every group and a loaded state dict would come back with a new key.
-        self.defaults.pop("differentiable", None)
-        fill_new_defaults(self)
 
 
 class WeakProcessGroup:
@@ -245,7 +194,24 @@ class WeakProcessGroup:
         optimizer.__dict__[self.slot] = None if group is None else weakref.ref(group)
 
 
-class DispatchingOptimizer(CudaGraphedNewtonSchulz, Float32StateOptimizer):
+def refuse_missing_options(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+    """Raise a ValueError naming the first hyperparameter of ``optimizer`` that a saved param group lacks.
+
+    ``Optimizer.load_state_dict`` puts the saved groups in place of the optimizer's, so a hyperparameter missing
+    from them would be missing at the next step: the state dict is another optimizer's, or older than the option.
+    """
+    for index, saved_group in enumerate(state_dict["param_groups"]):
+        for key, value in optimizer.defaults.items():
+            if key not in saved_group:
+                raise ValueError(
+                    f"param group {index} of the state dict has no {key!r}: it was saved by another optimizer than "
+                    f"{type(optimizer).__name__}, or by a version without that option. Add {key!r} to every saved "
+                    f"param group with the value the run used ({value!r} is this optimizer's), or start the "
+                    "optimizer afresh"
+                )
+
+
+class DispatchingOptimizer(CudaGraphedNewtonSchulz, torch.optim.Optimizer):
     """The skeleton of this package's optimizers: ``step()`` sorts each group's tensors that have a gradient by the
     update rule each takes (:meth:`_rule`, one of ``RULES``) and hands the group's lists, by rule, to
     :meth:`_step_group`; a group is checked by :meth:`_check_group` when it is added. By default the 2-D tensors
@@ -258,6 +224,10 @@ class DispatchingOptimizer(CudaGraphedNewtonSchulz, Float32StateOptimizer):
     The options of the whole optimizer (``OPTIMIZER_OPTIONS``, passed to ``__init__`` by name) are attributes, kept
     out of the param groups that ``state_dict()`` saves, refused in a group, and kept through a copy or pickle, but
     the process group: torch.distributed owns it, and an unpickled optimizer steps alone.
+
+    State is float32 for bfloat16/float16/float32 parameters and float64 for float64 ones
+    (:func:`state_zeros_like`), through ``load_state_dict`` and pickling too. A state dict whose param groups lack
+    one of the optimizer's hyperparameters is refused (:func:`refuse_missing_options`).
     """
 
     process_group = WeakProcessGroup()
@@ -278,6 +248,7 @@ class DispatchingOptimizer(CudaGraphedNewtonSchulz, Float32StateOptimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group after checking its hyperparameters (defaults filled in) and its parameters."""
         second_lr = take_group_lr_ratio(param_group, *self.SECOND_LR) if self.SECOND_LR else None
+        refuse_optimizer_options(param_group, self)
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         if second_lr is not None:
@@ -289,10 +260,23 @@ class DispatchingOptimizer(CudaGraphedNewtonSchulz, Float32StateOptimizer):
         """Raise a ValueError naming the first hyperparameter of ``group`` that is out of range."""
         raise NotImplementedError
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load as ``torch.optim.Optimizer`` does, keeping float32 state for low-precision parameters; refuse a
+        state dict whose groups lack a hyperparameter."""
+        refuse_missing_options(self, state_dict)
+        super().load_state_dict(state_dict)
+        restore_state_dtype(self, state_dict)
+
     def __getstate__(self) -> dict[str, Any]:
         # Optimizer.__getstate__ keeps only defaults, state and groups.
         options = {key: getattr(self, key) for key in self.OPTIMIZER_OPTIONS if key != "process_group"}
         return {**super().__getstate__(), **options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        # torch's __setstate__ adds its own ``differentiable`` to the defaults, which these optimizers do not
+        # take: left there, it would join every group and a loaded state dict would come back with a new key.
+        self.defaults.pop("differentiable", None)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -539,7 +523,6 @@ class MARS(LookaheadGradient, DispatchingOptimizer):
             :class:`mars.Muon`'s; not with ``backend="reference"``.
     """
 
-    ADDED_OPTIONS = ("ns_form",)
     OPTIMIZER_OPTIONS = ("is_approx", "backend", "process_group", "ns_cuda_graph")
     # The backends' MARS rule, mars-shampoo's rule of 2-D tensors (Newton-Schulz), AdamW.
     RULES = ("backend_mars", "shampoo_2d", "adamw")

@@ -90,12 +90,17 @@ def test_every_exported_optimizer_is_covered():
     assert {cls for cls in exported if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)} <= covered
 
 
-@pytest.mark.parametrize("cls, options", OPTIMIZERS)
-def test_a_state_dict_loaded_into_a_fresh_optimizer_is_returned_unchanged_and_steps_identically(cls, options):
+def stepped_twice(cls, options):
+    """Parameters, ``cls(params, **options)`` after two steps on them, and a copy of its state dict then."""
     params = new_params()
     optimizer = cls(params, **options)
     run_steps(optimizer, params, range(2))
-    saved = copy.deepcopy(optimizer.state_dict())
+    return params, optimizer, copy.deepcopy(optimizer.state_dict())
+
+
+@pytest.mark.parametrize("cls, options", OPTIMIZERS)
+def test_a_state_dict_loaded_into_a_fresh_optimizer_is_returned_unchanged_and_steps_identically(cls, options):
+    params, optimizer, saved = stepped_twice(cls, options)
 
     fresh_params = clone_params(params)
     fresh = cls(fresh_params, **options)
@@ -153,6 +158,20 @@ def test_a_copy_or_pickle_steps_as_the_original(cls, options, how, subclass):
     run_steps(optimizer, params, range(2, STEPS))
     run_steps(copied, copied_params, range(2, STEPS))
     assert_same_params(copied_params, params)
+
+
+@pytest.mark.parametrize("cls, options", OPTIMIZERS)
+def test_a_state_dict_whose_groups_lack_an_option_is_refused_naming_it_and_the_fix(cls, options):
+    params, optimizer, before = stepped_twice(cls, options)
+    lacking = copy.deepcopy(before)
+    del lacking["param_groups"][0]["ns_form"]  # as a state dict saved before the option existed
+    with pytest.raises(ValueError, match=f"param group 0 of the state dict has no 'ns_form'.*Add 'ns_form' to every "
+                                         f"saved param group.*{optimizer.defaults['ns_form']!r} is this optimizer's"):
+        optimizer.load_state_dict(lacking)
+    assert_same_state_dict(optimizer.state_dict(), before)
+    another = MarsM if cls is Muon else Muon
+    with pytest.raises(ValueError, match=f"saved by another optimizer than {another.__name__}"):
+        another(clone_params(params)).load_state_dict(before)
 
 
 # The exact scheme: each step needs the look-ahead gradient stashed before it.
