@@ -89,11 +89,8 @@ class CapturedLists:
 class CudaGraphedNewtonSchulz:
     """The optimizers' option ``ns_cuda_graph``: one :class:`CapturedLists` per param group for Newton-Schulz.
 
-    A class attribute default, so that optimizers pickled before the option existed read False; the graphs
-    themselves are never saved, copied or pickled (``torch.optim.Optimizer.__getstate__`` leaves them out).
+    The graphs are never saved, copied or pickled (``torch.optim.Optimizer.__getstate__`` leaves them out).
     """
-
-    ns_cuda_graph = False
 
     def _check_ns_cuda_graph_devices(self) -> None:
         """With ``ns_cuda_graph``, raise a ValueError unless each group's parameters are on one CUDA device."""

@@ -14,21 +14,18 @@ import torch.distributed as dist
 from torch import Tensor
 
 from mars import mars_m_foreach, reference
-from mars.cuda_graph import CapturedLists, CudaGraphedNewtonSchulz
+from mars.cuda_graph import CapturedLists
 from mars.newton_schulz import check_ns_form, orthogonalise
 from mars.optimizer import (
-    MARS,
     advance_steps,
     as_float,
-    check_betas,
     check_flags,
-    check_ns_dtype,
+    check_newton_schulz_group,
     check_non_negative,
-    check_real_params,
+    DispatchingOptimizer,
     each_tensor,
-    Float32StateOptimizer,
+    LookaheadGradient,
     state_buffers,
-    WeakProcessGroup,
 )
 
 
@@ -57,81 +54,27 @@ PER_TENSOR = SimpleNamespace(
 )
 
 
-class _ShapeScaledOrthogonal(CudaGraphedNewtonSchulz, Float32StateOptimizer):
+class _ShapeScaledOrthogonal(DispatchingOptimizer):
     """What MarsM, MarsMEfficient and Moonlight share: every 2-D tensor of a group with ``matrix_rule`` steps by
     its orthogonalised direction (the subclass's :meth:`_directions`), scaled by 0.2 sqrt(max(A, B))
     (:func:`mars.reference.apply_shape_scaled_update`); every other tensor takes the authors' AdamW
     (:func:`mars.reference.mars_m_adamw_step`) with the group's lr and weight decay."""
 
-    process_group = WeakProcessGroup()
-    ADDED_OPTIONS = ("ns_form",)
     OPTIMIZER_OPTIONS = ("process_group", "foreach", "ns_cuda_graph")
 
-    def __init__(self, params, defaults: dict[str, Any], process_group: dist.ProcessGroup | None,
-                 foreach: bool | None, ns_cuda_graph: bool):
-        if foreach is not None:
-            check_flags(foreach=foreach)
-        check_flags(ns_cuda_graph=ns_cuda_graph)
-        # Not hyperparameters: kept out of param_groups, which state_dict() saves, so that a state dict saved by
-        # either path loads into the other (set first: add_param_group compares a group's with them).
-        self.process_group = process_group
-        self.foreach = foreach
-        self.ns_cuda_graph = ns_cuda_graph
-        super().__init__(params, defaults)
-        self._check_ns_cuda_graph_devices()
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group after checking its hyperparameters (defaults filled in) and its parameters."""
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        check_real_params(group["params"], type(self).__name__)
-        self._check_group(group)
-
     def _check_group(self, group: dict[str, Any]) -> None:
-        """Raise a ValueError naming the first hyperparameter of ``group`` that is out of range."""
         check_non_negative(lr=group["lr"], weight_decay=group["weight_decay"], adamw_eps=group["adamw_eps"])
-        if not 0.0 <= group["momentum"] < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {group['momentum']!r}")
-        ns_steps = group["ns_steps"]
-        if not (isinstance(ns_steps, int) and not isinstance(ns_steps, bool) and ns_steps >= 1):
-            raise ValueError(f"ns_steps must be an int >= 1, got {ns_steps!r}")
-        check_betas("adamw_betas", group["adamw_betas"])
-        check_ns_dtype(group["ns_dtype"])
+        check_newton_schulz_group(group)
         check_ns_form(group["ns_form"], norm_in_dtype=True)  # the authors normalise in ns_dtype
         check_flags(matrix_rule=group["matrix_rule"])
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        """One step on every parameter that has a gradient; returns the closure's loss, if given."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        # Checked before any update so that an error leaves every parameter and its state untouched.
-        if any(p.grad is not None and p.grad.is_sparse for group in self.param_groups for p in group["params"]):
-            raise RuntimeError(f"{type(self).__name__} does not support sparse gradients; use dense gradients")
-        for group_index, group in enumerate(self.param_groups):
-            matrices, others = [], []
-            for param in group["params"]:
-                if param.grad is not None:
-                    (matrices if self._takes_matrix_rule(param, group) else others).append(param)
-            if others:
-                self._adamw_step(others, group)
-            if matrices:
-                self._matrix_step(matrices, group, self._newton_schulz_graph(group_index))
-        return loss
-
-    @staticmethod
-    def _takes_matrix_rule(param: Tensor, group: dict[str, Any]) -> bool:
-        return group["matrix_rule"] and param.dim() == 2
-
-    def _uses_foreach(self) -> bool:
-        """The ``foreach`` option; None takes foreach ops on every device (see the option in MarsM's docstring)."""
-        return self.foreach is not False
+    def _rule(self, param: Tensor, group: dict[str, Any]) -> str:
+        return "matrices" if group["matrix_rule"] and param.dim() == 2 else "others"
 
     def _rules(self) -> ModuleType | SimpleNamespace:
-        """The list functions that step the tensors: foreach ops or the reference tensor by tensor."""
-        return mars_m_foreach if self._uses_foreach() else PER_TENSOR
+        """The list functions that step the tensors: foreach ops unless ``foreach=False`` (None takes them on every
+        device, see the option in MarsM's docstring), else the reference tensor by tensor."""
+        return mars_m_foreach if self.foreach is not False else PER_TENSOR
 
     def _directions(self, params: list[Tensor], states: list[dict[str, Any]], group: dict[str, Any],
                     rules) -> list[Tensor]:
@@ -141,7 +84,7 @@ class _ShapeScaledOrthogonal(CudaGraphedNewtonSchulz, Float32StateOptimizer):
     def _matrix_step(self, params: list[Tensor], group: dict[str, Any], graph: CapturedLists | None) -> None:
         """Orthogonalise the directions of a group's matrices and apply them."""
         rules = self._rules()
-        directions = self._directions(params, [self.state[param] for param in params], group, rules)
+        directions = self._directions(params, self._states(params), group, rules)
         ns_dtype = group["ns_dtype"]
         # The authors' Newton-Schulz: the ns_dtype copy normalised by its own norm with a fixed eps, the polynomial
         # in the Gram matrix formed first (mars_m.py:19-30), in the product order ns_form ("gram": theirs). The
@@ -155,24 +98,15 @@ class _ShapeScaledOrthogonal(CudaGraphedNewtonSchulz, Float32StateOptimizer):
 
     def _adamw_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
         """The authors' AdamW step of the tensors that take no matrix rule."""
-        states = [self.state[param] for param in params]
+        states = self._states(params)
         beta1, beta2 = group["adamw_betas"]
         self._rules().mars_m_adamw_steps(
             params, [param.grad for param in params], state_buffers(params, states, "exp_avg"),
             state_buffers(params, states, "exp_avg_sq"), steps=advance_steps(states), lr=as_float(group["lr"]),
             beta1=beta1, beta2=beta2, eps=group["adamw_eps"], weight_decay=group["weight_decay"])
 
-    def __getstate__(self) -> dict[str, Any]:
-        # Optimizer.__getstate__ keeps only defaults, state and groups; the path must survive a copy or pickle.
-        return {**super().__getstate__(), "foreach": self.foreach, "ns_cuda_graph": self.ns_cuda_graph}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # Also called by load_state_dict, whose state has no "foreach": the optimizer keeps its own.
-        super().__setstate__(state)
-        self.__dict__.setdefault("foreach", None)  # pickled before the option existed
-
-
-class MarsM(_ShapeScaledOrthogonal):
+class MarsM(LookaheadGradient, _ShapeScaledOrthogonal):
     r"""MARS-M: MARS variance reduction on Moonlight's orthogonalised momentum (arXiv 2510.21800, Algorithm 2).
 
     For a 2-D tensor (A x B) of a group with ``matrix_rule``, with gradient :math:`g_t` and remembered gradient
@@ -243,7 +177,9 @@ class MarsM(_ShapeScaledOrthogonal):
         ns_cuda_graph: run each group's Newton-Schulz as one CUDA graph (CUDA only), as :class:`mars.Muon`'s.
     """
 
+    # The scheme fixes what the state means, so it is the optimizer's, not a group's.
     OPTIMIZER_OPTIONS = (*_ShapeScaledOrthogonal.OPTIMIZER_OPTIONS, "is_approx")
+    CORRECTED_RULES = ("matrices",)
 
     def __init__(
         self,
@@ -264,74 +200,21 @@ class MarsM(_ShapeScaledOrthogonal):
         ns_form: str = "gram",
         ns_cuda_graph: bool = False,
     ):
-        check_flags(is_approx=is_approx)
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, gamma=gamma, clip_c=clip_c,
                         ns_steps=ns_steps, adamw_betas=adamw_betas, adamw_eps=adamw_eps, matrix_rule=matrix_rule,
                         ns_dtype=ns_dtype, ns_form=ns_form)
-        # The scheme fixes what the state means, so it is the optimizer's, not a group's.
-        self.is_approx = is_approx
-        self._lookahead_stashed = False
-        self._stashed_states: list[dict] = []  # states whose previous_grad was stashed since the last step
-        super().__init__(params, defaults, process_group, foreach, ns_cuda_graph)
+        super().__init__(params, defaults, is_approx=is_approx, process_group=process_group, foreach=foreach,
+                         ns_cuda_graph=ns_cuda_graph)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         super()._check_group(group)
         check_non_negative(gamma=group["gamma"])
         check_flags(clip_c=group["clip_c"])
 
-    @property
-    def needs_lookahead_grad(self) -> bool:
-        """True in the exact scheme: call ``stash_lookahead_grad()`` before every ``step()``."""
-        return not self.is_approx
-
-    @torch.no_grad()
-    def stash_lookahead_grad(self) -> None:
-        """Exact scheme: remember each matrix's ``p.grad`` (the next batch at the current parameters) for the
-        next step. A no-op in the approximate scheme, as the authors' ``update_previous_grad``."""
-        if self.is_approx:
-            return
-        params = [param for group in self.param_groups for param in group["params"]
-                  if param.grad is not None and self._takes_matrix_rule(param, group)]
-        self._stashed_states = [self.state[param] for param in params]
-        stashes, grads = state_buffers(params, self._stashed_states, "previous_grad"), [param.grad for param in params]
-        if params and self._uses_foreach():
-            torch._foreach_copy_(stashes, grads)
-        else:
-            for stash, grad in zip(stashes, grads):
-                stash.copy_(grad)
-        self._lookahead_stashed = True
-
-    update_previous_grad = stash_lookahead_grad
-    # The same promotion of the stashed states as MARS's: swap previous_grad into last_grad.
-    update_last_grad = MARS.update_last_grad
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        """One MARS-M step on every parameter that has a gradient; returns the closure's loss, if given."""
-        if self.needs_lookahead_grad and not self._lookahead_stashed:
-            raise RuntimeError(
-                "MarsM with is_approx=False needs stash_lookahead_grad() (the gradient of the next batch at the "
-                "current parameters) before every step(); see the MarsM docstring for the loop"
-            )
-        loss = super().step(closure)
-        if self.needs_lookahead_grad:
-            self.update_last_grad()
-            self._lookahead_stashed = False
-        return loss
-
     def _directions(self, params, states, group, rules) -> list[Tensor]:
         return rules.mars_m_momenta([param.grad for param in params], state_buffers(params, states, "last_grad"),
                                     state_buffers(params, states, "momentum_buffer"), momentum=group["momentum"],
                                     gamma=group["gamma"], clip_c=group["clip_c"], remember_grad=self.is_approx)
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Optimizer.__getstate__ keeps only defaults, state and groups; the scheme must survive a copy or pickle.
-        return {**super().__getstate__(), "is_approx": self.is_approx}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        self._lookahead_stashed = False
-        self._stashed_states = []
 
 
 class MarsMEfficient(_ShapeScaledOrthogonal):
@@ -367,7 +250,7 @@ class MarsMEfficient(_ShapeScaledOrthogonal):
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, gamma=gamma, ns_steps=ns_steps,
                         adamw_betas=adamw_betas, adamw_eps=adamw_eps, matrix_rule=matrix_rule, ns_dtype=ns_dtype,
                         ns_form=ns_form)
-        super().__init__(params, defaults, process_group, foreach, ns_cuda_graph)
+        super().__init__(params, defaults, process_group=process_group, foreach=foreach, ns_cuda_graph=ns_cuda_graph)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         super()._check_group(group)
@@ -415,7 +298,7 @@ class Moonlight(_ShapeScaledOrthogonal):
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, ns_steps=ns_steps,
                         adamw_betas=adamw_betas, adamw_eps=adamw_eps, matrix_rule=matrix_rule, ns_dtype=ns_dtype,
                         ns_form=ns_form)
-        super().__init__(params, defaults, process_group, foreach, ns_cuda_graph)
+        super().__init__(params, defaults, process_group=process_group, foreach=foreach, ns_cuda_graph=ns_cuda_graph)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         super()._check_group(group)

@@ -8,29 +8,23 @@ import torch.distributed as dist
 from torch import Tensor
 
 from mars import muon_foreach, reference
-from mars.cuda_graph import CapturedLists, CudaGraphedNewtonSchulz
+from mars.cuda_graph import CapturedLists
 from mars.newton_schulz import check_ns_form, orthogonalise
 from mars.optimizer import (
     advance_steps,
     as_float,
-    check_betas,
-    check_flags,
-    check_ns_dtype,
+    check_newton_schulz_group,
     check_non_negative,
-    check_real_params,
+    DispatchingOptimizer,
     each_tensor,
-    Float32StateOptimizer,
-    set_group_lr_ratio,
     state_buffers,
-    take_group_lr_ratio,
-    WeakProcessGroup,
 )
 
 ADAMW_VARIANTS = ("authors", "torch")
 UPDATE_DTYPES = (torch.bfloat16, torch.float32)
 
 
-class Muon(CudaGraphedNewtonSchulz, Float32StateOptimizer):
+class Muon(DispatchingOptimizer):
     r"""MomentUm Orthogonalized by Newton-Schulz (Jordan et al., 2024), the Muon baseline of arXiv 2411.10438.
 
     For a 2-D tensor with gradient :math:`g_t` (rows x cols):
@@ -83,11 +77,8 @@ class Muon(CudaGraphedNewtonSchulz, Float32StateOptimizer):
     the same results, on the CPU bit for bit. torch's AdamW (``adamw_variant="torch"``) runs tensor by tensor.
     """
 
-    foreach: bool | None = None  # also what optimizers pickled before the option read
-
-    process_group = WeakProcessGroup()
-    ADDED_OPTIONS = ("adamw_variant", "update_dtype", "ns_form")
     OPTIMIZER_OPTIONS = ("process_group", "ns_cuda_graph", "foreach")
+    SECOND_LR = ("adamw_lr", "adamw_lr_ratio")
 
     def __init__(
         self,
@@ -112,81 +103,36 @@ class Muon(CudaGraphedNewtonSchulz, Float32StateOptimizer):
         if not lr > 0.0:
             raise ValueError(f"lr must be > 0 (adamw_lr is applied as the ratio adamw_lr / lr), got {lr!r}")
         check_non_negative(adamw_lr=adamw_lr)
-        check_flags(ns_cuda_graph=ns_cuda_graph)
-        if foreach is not None:
-            check_flags(foreach=foreach)
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, weight_decay=weight_decay,
             adamw_lr_ratio=adamw_lr / as_float(lr), adamw_betas=adamw_betas, adamw_eps=adamw_eps,
             adamw_weight_decay=adamw_weight_decay, ns_dtype=ns_dtype, adamw_variant=adamw_variant,
             update_dtype=update_dtype, ns_form=ns_form,
         )
-        # Not hyperparameters: kept out of param_groups, which state_dict() saves (set first: add_param_group
-        # compares a group's with them).
-        self.process_group = process_group
-        self.ns_cuda_graph = ns_cuda_graph
-        self.foreach = foreach
-        super().__init__(params, defaults)
-        self._check_ns_cuda_graph_devices()
+        super().__init__(params, defaults, process_group=process_group, ns_cuda_graph=ns_cuda_graph, foreach=foreach)
 
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group after checking its hyperparameters (defaults filled in) and its parameters."""
-        adamw_lr = take_group_lr_ratio(param_group, "adamw_lr", "adamw_lr_ratio")
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        set_group_lr_ratio(group, "adamw_lr", "adamw_lr_ratio", adamw_lr)
-        check_real_params(group["params"], "Muon")
+    def _check_group(self, group: dict[str, Any]) -> None:
         check_non_negative(
             lr=group["lr"], weight_decay=group["weight_decay"], adamw_eps=group["adamw_eps"],
             adamw_weight_decay=group["adamw_weight_decay"],
         )
-        if not 0.0 <= group["momentum"] < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {group['momentum']!r}")
-        if not (isinstance(group["ns_steps"], int) and group["ns_steps"] >= 1):
-            raise ValueError(f"ns_steps must be an int >= 1, got {group['ns_steps']!r}")
-        check_betas("adamw_betas", group["adamw_betas"])
-        check_ns_dtype(group["ns_dtype"])
+        check_newton_schulz_group(group)
         if group["adamw_variant"] not in ADAMW_VARIANTS:
             raise ValueError(f"adamw_variant must be one of {ADAMW_VARIANTS}, got {group['adamw_variant']!r}")
         if group["update_dtype"] not in UPDATE_DTYPES:
             raise ValueError(f"update_dtype must be torch.bfloat16 (the authors') or torch.float32, "
                              f"got {group['update_dtype']!r}")
-        # Muon normalises in ns_dtype exactly when its updates are bfloat16 (see _muon_step).
+        # Muon normalises in ns_dtype exactly when its updates are bfloat16 (see _matrix_step).
         check_ns_form(group["ns_form"], norm_in_dtype=group["update_dtype"] == torch.bfloat16)
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        """One step on every parameter that has a gradient; returns the closure's loss, if given."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        # Checked before any update so that an error leaves every parameter and its state untouched.
-        if any(p.grad is not None and p.grad.is_sparse for group in self.param_groups for p in group["params"]):
-            raise RuntimeError("Muon does not support sparse gradients; use dense gradients for this parameter")
-        for group_index, group in enumerate(self.param_groups):
-            matrices, others = [], []
-            for param in group["params"]:
-                if param.grad is not None:
-                    (matrices if param.dim() == 2 else others).append(param)
-            if others:
-                self._adamw_step(others, group)
-            if matrices:
-                self._muon_step(matrices, group, self._newton_schulz_graph(group_index))
-        return loss
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Optimizer.__getstate__ keeps only defaults, state and groups; the options survive a copy or pickle.
-        return {**super().__getstate__(), "ns_cuda_graph": self.ns_cuda_graph, "foreach": self.foreach}
 
     def _rules(self) -> ModuleType | SimpleNamespace:
         """The list functions that step the tensors: foreach ops unless ``foreach=False``."""
         return muon_foreach if self.foreach is not False else PER_TENSOR
 
-    def _muon_step(self, params: list[Tensor], group: dict[str, Any], graph: CapturedLists | None) -> None:
+    def _matrix_step(self, params: list[Tensor], group: dict[str, Any], graph: CapturedLists | None) -> None:
         """Orthogonalised (Nesterov) momentum step of a group's 2-D tensors."""
         rules = self._rules()
-        states = [self.state[param] for param in params]
+        states = self._states(params)
         directions = rules.muon_directions([param.grad for param in params],
                                            state_buffers(params, states, "momentum_buffer"),
                                            momentum=group["momentum"], nesterov=group["nesterov"])
@@ -198,7 +144,7 @@ class Muon(CudaGraphedNewtonSchulz, Float32StateOptimizer):
 
     def _adamw_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
         """AdamW step (the authors' or torch's) of a group's tensors that are not 2-D."""
-        states = [self.state[param] for param in params]
+        states = self._states(params)
         exp_avgs, exp_avg_sqs = state_buffers(params, states, "exp_avg"), state_buffers(params, states, "exp_avg_sq")
         beta1, beta2 = group["adamw_betas"]
         hyper = dict(steps=advance_steps(states), lr=as_float(group["lr"]) * group["adamw_lr_ratio"], beta1=beta1,

@@ -2,10 +2,13 @@
 
 The update rules live in :mod:`mars.reference`; the backends (:mod:`mars.torch_backend`,
 :mod:`mars.triton_backend`) compute the same rules over whole lists of tensors and are tested against it.
+
+What every optimizer of the package shares lives here too: :class:`DispatchingOptimizer`, the skeleton of a step
+(sort each group's tensors by rule, hand each list to its rule), and :class:`LookaheadGradient`, the exact scheme's
+look-ahead gradient (MARS and MARS-M).
 """
 import functools
 import importlib
-import inspect
 import importlib.util
 import os
 import weakref
@@ -92,6 +95,18 @@ def check_ns_dtype(ns_dtype: torch.dtype) -> None:
         raise ValueError(f"ns_dtype must be torch.bfloat16, torch.float32 or torch.float64, got {ns_dtype!r}")
 
 
+def check_newton_schulz_group(group: dict[str, Any]) -> None:
+    """Check what Muon, MARS-M and Moonlight groups share: the momentum and Newton-Schulz of the matrices, the
+    AdamW betas of the other tensors."""
+    if not 0.0 <= group["momentum"] < 1.0:
+        raise ValueError(f"momentum must be in [0, 1), got {group['momentum']!r}")
+    ns_steps = group["ns_steps"]
+    if not (isinstance(ns_steps, int) and not isinstance(ns_steps, bool) and ns_steps >= 1):
+        raise ValueError(f"ns_steps must be an int >= 1, got {ns_steps!r}")
+    check_betas("adamw_betas", group["adamw_betas"])
+    check_ns_dtype(group["ns_dtype"])
+
+
 def refuse_optimizer_options(param_group: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
     """Raise a ValueError naming the first key of ``param_group`` that sets an option of the whole optimizer
     (``OPTIMIZER_OPTIONS``) to another value than the optimizer's: silently ignored, it would step with another
@@ -127,24 +142,6 @@ def set_group_lr_ratio(group: dict[str, Any], lr_key: str, ratio_key: str, value
     group[ratio_key] = value / lr
 
 
-def constructor_default(cls: type, key: str) -> Any:
-    """The default of the constructor argument ``key`` of ``cls``, from the nearest class in its MRO whose
-    ``__init__`` takes it (a subclass's own ``__init__`` need not repeat every option)."""
-    for klass in cls.__mro__:
-        if "__init__" in vars(klass):
-            parameters = inspect.signature(klass.__init__).parameters
-            if key in parameters:
-                return parameters[key].default
-    raise KeyError(f"no constructor of {cls.__name__} takes {key!r}")
-
-
-def fill_new_defaults(optimizer: torch.optim.Optimizer) -> None:
-    """Give param groups loaded from an older state_dict the hyperparameters added since (at their defaults)."""
-    for group in optimizer.param_groups:
-        for key, value in optimizer.defaults.items():
-            group.setdefault(key, value)
-
-
 def restore_state_dtype(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
     """Undo ``Optimizer.load_state_dict``'s cast of floating state to the parameter dtype.
 
@@ -160,38 +157,6 @@ def restore_state_dtype(optimizer: torch.optim.Optimizer, state_dict: dict[str, 
         for key, value in state_dict["state"].get(saved_id, {}).items():
             if torch.is_tensor(value) and value.is_floating_point():
                 optimizer.state[param][key] = value.to(device=param.device, dtype=state_dtype, copy=True)
-
-
-class Float32StateOptimizer(torch.optim.Optimizer):
-    """An optimizer whose state is float32 for bfloat16/float16/float32 parameters (float64 for float64 ones)
-    through ``load_state_dict`` and pickling, whose param groups from older state dicts and pickles get the
-    hyperparameters added since, and whose param groups refuse the options of the whole optimizer."""
-
-    # Constructor options added after the first optimizers were saved: a pickle from before lacks them even in
-    # its ``defaults``, which then get the constructor's default.
-    ADDED_OPTIONS: tuple[str, ...] = ()
-    # Constructor arguments that hold for the whole optimizer, refused in a param group.
-    OPTIMIZER_OPTIONS: tuple[str, ...] = ()
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        refuse_optimizer_options(param_group, self)
-        super().add_param_group(param_group)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load as ``torch.optim.Optimizer`` does, keeping float32 state for low-precision parameters."""
-        super().load_state_dict(state_dict)
-        restore_state_dtype(self, state_dict)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        if "defaults" in state:  # a pickle; load_state_dict's groups get them from the constructed defaults
-            for key in self.ADDED_OPTIONS:
-                if key not in state["defaults"]:
-                    state["defaults"][key] = constructor_default(type(self), key)
-        super().__setstate__(state)
-        # torch's __setstate__ adds its own ``differentiable`` to the defaults, which these optimizers do not
-        # take: left there, it would join every group and a loaded state dict would come back with a new key.
-        self.defaults.pop("differentiable", None)
-        fill_new_defaults(self)
 
 
 class WeakProcessGroup:
@@ -229,6 +194,223 @@ class WeakProcessGroup:
         optimizer.__dict__[self.slot] = None if group is None else weakref.ref(group)
 
 
+def refuse_missing_options(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+    """Raise a ValueError naming the first hyperparameter of ``optimizer`` that a saved param group lacks.
+
+    ``Optimizer.load_state_dict`` puts the saved groups in place of the optimizer's, so a hyperparameter missing
+    from them would be missing at the next step: the state dict is another optimizer's, or older than the option.
+    """
+    for index, saved_group in enumerate(state_dict["param_groups"]):
+        for key, value in optimizer.defaults.items():
+            if key not in saved_group:
+                raise ValueError(
+                    f"param group {index} of the state dict has no {key!r}: it was saved by another optimizer than "
+                    f"{type(optimizer).__name__}, or by a version without that option. Add {key!r} to every saved "
+                    f"param group with the value the run used ({value!r} is this optimizer's), or start the "
+                    "optimizer afresh"
+                )
+
+
+class DispatchingOptimizer(CudaGraphedNewtonSchulz, torch.optim.Optimizer):
+    """The skeleton of this package's optimizers: ``step()`` sorts each group's tensors that have a gradient by the
+    update rule each takes (:meth:`_rule`, one of ``RULES``) and hands the group's lists, by rule, to
+    :meth:`_step_group`; a group is checked by :meth:`_check_group` when it is added. By default the 2-D tensors
+    take the optimizer's matrix rule (:meth:`_matrix_step`) and the others its AdamW (:meth:`_adamw_step`), as in
+    Muon, MARS-M and Moonlight; MARS sorts its own way.
+
+    A group may set a second learning rate of its own (``SECOND_LR``: MARS's ``lr_1d``, Muon's ``adamw_lr``), kept
+    as its ratio to the group's lr so that one schedule on ``lr`` drives both.
+
+    The options of the whole optimizer (``OPTIMIZER_OPTIONS``, passed to ``__init__`` by name) are attributes, kept
+    out of the param groups that ``state_dict()`` saves, refused in a group, and kept through a copy or pickle, but
+    the process group: torch.distributed owns it, and an unpickled optimizer steps alone.
+
+    State is float32 for bfloat16/float16/float32 parameters and float64 for float64 ones
+    (:func:`state_zeros_like`), through ``load_state_dict`` and pickling too. A state dict whose param groups lack
+    one of the optimizer's hyperparameters is refused (:func:`refuse_missing_options`).
+    """
+
+    process_group = WeakProcessGroup()
+    OPTIMIZER_OPTIONS: tuple[str, ...] = ("process_group", "ns_cuda_graph")
+    RULES: tuple[str, ...] = ("matrices", "others")
+    SECOND_LR: tuple[str, str] | None = None  # (a group's key, the ratio's key it is kept as)
+
+    def __init__(self, params, defaults: dict[str, Any], **options: Any):
+        check_flags(ns_cuda_graph=options["ns_cuda_graph"])
+        if options.get("foreach") is not None:
+            check_flags(foreach=options["foreach"])
+        # Set first: add_param_group compares a group's options with them.
+        for key, value in options.items():
+            setattr(self, key, value)
+        super().__init__(params, defaults)
+        self._check_ns_cuda_graph_devices()
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group after checking its hyperparameters (defaults filled in) and its parameters."""
+        second_lr = take_group_lr_ratio(param_group, *self.SECOND_LR) if self.SECOND_LR else None
+        refuse_optimizer_options(param_group, self)
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        if second_lr is not None:
+            set_group_lr_ratio(group, *self.SECOND_LR, second_lr)
+        check_real_params(group["params"], type(self).__name__)
+        self._check_group(group)
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        """Raise a ValueError naming the first hyperparameter of ``group`` that is out of range."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load as ``torch.optim.Optimizer`` does, keeping float32 state for low-precision parameters; refuse a
+        state dict whose groups lack a hyperparameter."""
+        refuse_missing_options(self, state_dict)
+        super().load_state_dict(state_dict)
+        restore_state_dtype(self, state_dict)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Optimizer.__getstate__ keeps only defaults, state and groups.
+        options = {key: getattr(self, key) for key in self.OPTIMIZER_OPTIONS if key != "process_group"}
+        return {**super().__getstate__(), **options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        # torch's __setstate__ adds its own ``differentiable`` to the defaults, which these optimizers do not
+        # take: left there, it would join every group and a loaded state dict would come back with a new key.
+        self.defaults.pop("differentiable", None)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step on every parameter that has a gradient; returns the closure's loss, if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        # Every group is sorted before any update, so that an error (a sparse gradient) leaves every parameter and
+        # its state untouched.
+        sorted_groups = [self._sort_by_rule(group) for group in self.param_groups]
+        for group_index, (group, by_rule) in enumerate(zip(self.param_groups, sorted_groups)):
+            self._step_group(group, self._newton_schulz_graph(group_index), **by_rule)
+        return loss
+
+    def _sort_by_rule(self, group: dict[str, Any]) -> dict[str, list[Tensor]]:
+        """The group's parameters with a gradient, listed under the rule each takes. Raises on a sparse gradient."""
+        by_rule: dict[str, list[Tensor]] = {rule: [] for rule in self.RULES}
+        for param in group["params"]:
+            if param.grad is None:
+                continue
+            if param.grad.is_sparse:
+                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients; use dense gradients "
+                                   "(e.g. torch.nn.Embedding(sparse=False))")
+            by_rule[self._rule(param, group)].append(param)
+        return by_rule
+
+    def _rule(self, param: Tensor, group: dict[str, Any]) -> str:
+        """The rule of ``RULES`` that steps ``param`` in ``group``."""
+        return "matrices" if param.dim() == 2 else "others"
+
+    def _step_group(self, group: dict[str, Any], graph: CapturedLists | None, *, matrices: list[Tensor],
+                    others: list[Tensor]) -> None:
+        """Step a group's tensors, listed by rule; ``graph`` is its captured Newton-Schulz (``ns_cuda_graph``)."""
+        if others:
+            self._adamw_step(others, group)
+        if matrices:
+            self._matrix_step(matrices, group, graph)
+
+    def _matrix_step(self, params: list[Tensor], group: dict[str, Any], graph: CapturedLists | None) -> None:
+        """Step a group's 2-D tensors."""
+        raise NotImplementedError
+
+    def _adamw_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
+        """Step a group's other tensors."""
+        raise NotImplementedError
+
+    def _states(self, params: list[Tensor]) -> list[dict[str, Any]]:
+        """Each parameter's state dict, to look up once per step and pass on: a lookup hashes the tensor in
+        Python (``Tensor.__hash__``), too slow to repeat for every buffer of every parameter."""
+        return [self.state[param] for param in params]
+
+
+class LookaheadGradient:
+    """The exact scheme (``is_approx=False``) of MARS and MARS-M, mixed into a :class:`DispatchingOptimizer`.
+
+    A step corrects its gradient by the gradient of the same batch at the previous parameters. The training loop
+    computes it one iteration ahead, the next batch at the current parameters, and hands it over with
+    ``stash_lookahead_grad()`` before every ``step()`` (the optimizer's docstring shows the loop); ``step()`` then
+    makes the stash (``previous_grad``) the remembered gradient (``last_grad``) of the tensors of
+    ``CORRECTED_RULES``. The approximate scheme remembers the step's own gradient instead: there the stash is a
+    no-op and the loop is the usual one.
+    """
+
+    CORRECTED_RULES: tuple[str, ...] = ()
+
+    def __init__(self, params, defaults: dict[str, Any], *, is_approx: bool, **options: Any):
+        check_flags(is_approx=is_approx)
+        self._lookahead_stashed = False
+        self._stashed_states: list[dict] = []  # states whose previous_grad was stashed since the last step
+        super().__init__(params, defaults, is_approx=is_approx, **options)
+
+    @property
+    def needs_lookahead_grad(self) -> bool:
+        """True in the exact scheme: call ``stash_lookahead_grad()`` before every ``step()``."""
+        return not self.is_approx
+
+    @torch.no_grad()
+    def stash_lookahead_grad(self) -> None:
+        """Exact scheme: remember ``p.grad`` (the next batch at the current parameters) of every tensor whose rule
+        corrects its gradient, for the next step. A no-op in the approximate scheme, as the authors'
+        ``update_previous_grad``."""
+        if self.is_approx:
+            return
+        params = [param for group in self.param_groups for param in group["params"]
+                  if param.grad is not None and self._rule(param, group) in self.CORRECTED_RULES]
+        self._stashed_states = self._states(params)
+        stashes = state_buffers(params, self._stashed_states, "previous_grad")
+        if params:
+            torch._foreach_copy_(stashes, [param.grad for param in params])
+        self._lookahead_stashed = True
+
+    update_previous_grad = stash_lookahead_grad  # the authors' name
+
+    @torch.no_grad()
+    def update_last_grad(self) -> None:
+        """Exact scheme: make the stash the remembered gradient. ``step()`` already does it; again, it does nothing.
+
+        The stashed buffers are swapped in rather than copied: the same values, one read and one write of every
+        tensor fewer. The buffer swapped out holds a stale gradient until the next stash overwrites it; only
+        tensors stashed since the last promotion take part.
+        """
+        for state in self._stashed_states:
+            if "last_grad" in state:
+                state["last_grad"], state["previous_grad"] = state["previous_grad"], state["last_grad"]
+            else:
+                state["last_grad"] = state["previous_grad"].clone()
+        self._stashed_states = []
+
+    def step(self, closure=None):
+        """The optimizer's step; in the exact scheme after a stash, which it then promotes."""
+        if self.needs_lookahead_grad and not self._lookahead_stashed:
+            raise RuntimeError(
+                f"{type(self).__name__} with is_approx=False needs stash_lookahead_grad() (the gradient of the next "
+                "batch at the current parameters) before every step(); see the class docstring for the loop"
+            )
+        loss = super().step(closure)
+        if self.needs_lookahead_grad:
+            self.update_last_grad()
+            self._lookahead_stashed = False
+        return loss
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load as torch does; a stash taken before belongs to the state that the loaded one replaces."""
+        super().load_state_dict(state_dict)
+        self._lookahead_stashed = False
+        self._stashed_states = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A stashed look-ahead gradient survives a copy or pickle (pickle keeps the states it names shared).
+        return {**super().__getstate__(), "_lookahead_stashed": self._lookahead_stashed,
+                "_stashed_states": self._stashed_states}
+
+
 def _reference_mars_group_step(
     params, grads, last_grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *, steps, remember_grad, **hyper
 ) -> None:
@@ -260,7 +442,7 @@ REFERENCE_BACKEND = SimpleNamespace(
 )
 
 
-class MARS(CudaGraphedNewtonSchulz, Float32StateOptimizer):
+class MARS(LookaheadGradient, DispatchingOptimizer):
     r"""MARS: variance-reduced preconditioned optimization (Yuan et al., 2024, arXiv 2411.10438).
 
     For a tensor taking the MARS rule (2-D tensors, or all with ``optimize_1d``), with gradient
@@ -341,10 +523,11 @@ class MARS(CudaGraphedNewtonSchulz, Float32StateOptimizer):
             :class:`mars.Muon`'s; not with ``backend="reference"``.
     """
 
-    ADDED_OPTIONS = ("ns_form",)
     OPTIMIZER_OPTIONS = ("is_approx", "backend", "process_group", "ns_cuda_graph")
-
-    process_group = WeakProcessGroup()
+    # The backends' MARS rule, mars-shampoo's rule of 2-D tensors (Newton-Schulz), AdamW.
+    RULES = ("backend_mars", "shampoo_2d", "adamw")
+    CORRECTED_RULES = ("backend_mars", "shampoo_2d")
+    SECOND_LR = ("lr_1d", "lr_1d_ratio")
 
     def __init__(
         self,
@@ -369,8 +552,7 @@ class MARS(CudaGraphedNewtonSchulz, Float32StateOptimizer):
     ):
         if not lr > 0.0:
             raise ValueError(f"lr must be > 0 (lr_1d is applied as the ratio lr_1d / lr), got {lr!r}")
-        check_flags(ns_cuda_graph=ns_cuda_graph)
-        if ns_cuda_graph and backend == "reference":
+        if ns_cuda_graph is True and backend == "reference":  # another value than a bool: refused by the base
             raise ValueError("ns_cuda_graph=True captures the fast backends' Newton-Schulz; backend='reference' runs "
                              "the reference tensor by tensor: take backend='torch' or 'auto', or ns_cuda_graph=False")
         check_non_negative(lr_1d=lr_1d)
@@ -383,22 +565,10 @@ class MARS(CudaGraphedNewtonSchulz, Float32StateOptimizer):
             mars_type=mars_type, optimize_1d=optimize_1d, lr_1d_ratio=lr_1d / as_float(lr), betas_1d=betas_1d,
             weight_decay_1d=weight_decay_1d, ns_dtype=ns_dtype, ns_form=ns_form,
         )
-        self.is_approx = is_approx
-        self.backend = backend
-        self.ns_cuda_graph = ns_cuda_graph
-        self.process_group = process_group  # not in defaults: param_groups are saved by state_dict()
-        self._lookahead_stashed = False
-        self._stashed_states: list[dict] = []  # states whose previous_grad was stashed since the last step
-        super().__init__(params, defaults)
-        self._check_ns_cuda_graph_devices()
+        super().__init__(params, defaults, is_approx=is_approx, backend=backend, process_group=process_group,
+                         ns_cuda_graph=ns_cuda_graph)
 
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group after checking its hyperparameters (defaults filled in) and its parameters."""
-        lr_1d = take_group_lr_ratio(param_group, "lr_1d", "lr_1d_ratio")
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        set_group_lr_ratio(group, "lr_1d", "lr_1d_ratio", lr_1d)
-        check_real_params(group["params"], "MARS")
+    def _check_group(self, group: dict[str, Any]) -> None:
         check_non_negative(
             lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"], gamma=group["gamma"],
             weight_decay_1d=group["weight_decay_1d"],
@@ -410,80 +580,16 @@ class MARS(CudaGraphedNewtonSchulz, Float32StateOptimizer):
         if group["mars_type"] not in reference.MARS_TYPES:
             raise ValueError(f"mars_type must be one of {reference.MARS_TYPES}, got {group['mars_type']!r}")
 
-    def __getstate__(self) -> dict[str, Any]:
-        # Optimizer.__getstate__ keeps only defaults, state and groups; the scheme, the backend and a stashed
-        # look-ahead gradient must survive a copy or pickle too.
-        return {**super().__getstate__(), "is_approx": self.is_approx, "backend": self.backend,
-                "ns_cuda_graph": self.ns_cuda_graph,
-                "_lookahead_stashed": self._lookahead_stashed, "_stashed_states": self._stashed_states}
+    def _rule(self, param: Tensor, group: dict[str, Any]) -> str:
+        if not reference.uses_mars_rule(param, group["optimize_1d"]):
+            return "adamw"
+        if group["mars_type"] == "mars-shampoo" and param.dim() == 2:
+            return "shampoo_2d"
+        return "backend_mars"
 
-    @property
-    def needs_lookahead_grad(self) -> bool:
-        """True in the exact scheme: call ``stash_lookahead_grad()`` before every ``step()``."""
-        return not self.is_approx
-
-    @torch.no_grad()
-    def stash_lookahead_grad(self) -> None:
-        """Exact scheme: remember ``p.grad`` (the next batch at the current parameters) for the next step.
-
-        A no-op in the approximate scheme, as the official ``update_previous_grad``.
-        """
-        if self.is_approx:
-            return
-        self._stashed_states = []
-        for group in self.param_groups:
-            for param in group["params"]:
-                if param.grad is None or not reference.uses_mars_rule(param, group["optimize_1d"]):
-                    continue
-                state = self.state[param]
-                if "previous_grad" not in state:
-                    state["previous_grad"] = state_zeros_like(param)
-                state["previous_grad"].copy_(param.grad)
-                self._stashed_states.append(state)
-        self._lookahead_stashed = True
-
-    update_previous_grad = stash_lookahead_grad
-
-    @torch.no_grad()
-    def update_last_grad(self) -> None:
-        """Exact scheme: make the stash the remembered gradient. ``step()`` already does it; again, it does nothing.
-
-        The stashed buffers are swapped in rather than copied: the same values, one read and one write of every
-        tensor fewer. The buffer swapped out holds a stale gradient until the next stash overwrites it; only
-        tensors stashed since the last promotion take part.
-        """
-        for state in self._stashed_states:
-            if "last_grad" in state:
-                state["last_grad"], state["previous_grad"] = state["previous_grad"], state["last_grad"]
-            else:
-                state["last_grad"] = state["previous_grad"].clone()
-        self._stashed_states = []
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        """One MARS step on every parameter that has a gradient; returns the closure's loss, if given."""
-        if self.needs_lookahead_grad and not self._lookahead_stashed:
-            raise RuntimeError(
-                "MARS with is_approx=False needs stash_lookahead_grad() (the gradient of the next batch at the "
-                "current parameters) before every step(); see the class docstring for the loop"
-            )
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        # Every group is sorted before any update, so that an error (a sparse gradient) leaves every parameter and
-        # its state untouched.
-        sorted_groups = [(group, _sort_by_rule(group)) for group in self.param_groups]
-        for group_index, (group, (backend_mars, shampoo_2d, adamw)) in enumerate(sorted_groups):
-            self._step_group(group, backend_mars, shampoo_2d, adamw, self._newton_schulz_graph(group_index))
-        if self.needs_lookahead_grad:
-            self.update_last_grad()
-            self._lookahead_stashed = False
-        return loss
-
-    def _step_group(self, group: dict[str, Any], backend_mars: list[Tensor], shampoo_2d: list[Tensor],
-                    adamw: list[Tensor], graph: CapturedLists | None) -> None:
-        """Run the group's tensors, sorted by :func:`_sort_by_rule`, through their backends by device."""
+    def _step_group(self, group: dict[str, Any], graph: CapturedLists | None, *, backend_mars: list[Tensor],
+                    shampoo_2d: list[Tensor], adamw: list[Tensor]) -> None:
+        """Run the group's tensors through their backends by device."""
         mars_type, amsgrad = group["mars_type"], group["amsgrad"]
         # mars-shampoo's tensors that are not 2-D take the AdamW-style MARS rule, as in the official code.
         backend_mars_type = "mars-adamw" if mars_type == "mars-shampoo" else mars_type
@@ -542,11 +648,6 @@ class MARS(CudaGraphedNewtonSchulz, Float32StateOptimizer):
                                 out_dtype=out_dtype, graph=graph)
         shampoo_foreach.apply_shampoo_updates(params, updates, lr=lr, weight_decay=weight_decay)
 
-    def _states(self, params: list[Tensor]) -> list[dict[str, Any]]:
-        """Each parameter's state dict, to look up once per step and pass on: a lookup hashes the tensor in
-        Python (``Tensor.__hash__``), too slow to repeat for every buffer of every parameter."""
-        return [self.state[param] for param in params]
-
     def _by_backend(self, params: list[Tensor]) -> Iterable[tuple[ModuleType | SimpleNamespace, list[Tensor]]]:
         """Parameters grouped by the backend that steps them: each backend call takes tensors on one device."""
         batches: dict[tuple[torch.device, bool], list[Tensor]] = defaultdict(list)
@@ -570,26 +671,6 @@ class MARS(CudaGraphedNewtonSchulz, Float32StateOptimizer):
                 "environment variable TRITON_INTERPRET=1 (slow, for tests). Use backend='torch' on the CPU."
             )
         return importlib.import_module(f"mars.{name}_backend")
-
-
-def _sort_by_rule(group: dict[str, Any]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
-    """The group's parameters with a gradient by update rule: the backends' MARS rule, mars-shampoo's 2-D rule,
-    AdamW. Raises on a sparse gradient."""
-    optimize_1d, shampoo = group["optimize_1d"], group["mars_type"] == "mars-shampoo"
-    backend_mars, shampoo_2d, adamw = [], [], []
-    for param in group["params"]:
-        grad = param.grad
-        if grad is None:
-            continue
-        if grad.is_sparse:
-            raise RuntimeError("MARS does not support sparse gradients; use dense gradients (e.g. sparse=False)")
-        if not reference.uses_mars_rule(param, optimize_1d):
-            adamw.append(param)
-        elif shampoo and param.dim() == 2:
-            shampoo_2d.append(param)
-        else:
-            backend_mars.append(param)
-    return backend_mars, shampoo_2d, adamw
 
 
 def state_buffers(params: list[Tensor], states: list[dict[str, Any]], key: str,

@@ -369,16 +369,6 @@ def test_ns_form_orders_the_products_of_the_same_newton_schulz(name):
     assert not torch.equal(fused[0], authors[0])
 
 
-def test_a_pickle_from_before_ns_form_unpickles_with_the_authors_order():
-    initial, steps = random_steps(CLASS_SHAPES, 2, torch.float32, seed=5)
-    optimizer, _ = run_optimizer(VARIANTS["approx"], initial, steps, ns_dtype=torch.float32)
-    for options in (optimizer.defaults, *optimizer.param_groups):
-        del options["ns_form"]
-    restored = pickle.loads(pickle.dumps(optimizer))
-    assert restored.defaults["ns_form"] == "gram"
-    assert {group["ns_form"] for group in restored.param_groups} == {"gram"}
-
-
 @pytest.mark.parametrize("name", ["approx", "exact", "efficient", "moonlight"])
 def test_same_shaped_matrices_stepped_together_match_one_optimizer_each(name):
     variant = VARIANTS[name]

@@ -1,9 +1,8 @@
 """mars.Muon: hand-checked steps, the MARS authors' Muon and AdamW bit for bit, AdamW for tensors that are not
-2-D, state_dict and pickle round trips, validation."""
+2-D, state_dict round trips, validation."""
 import copy
 import io
 import math
-import pickle
 
 import pytest
 import torch
@@ -283,55 +282,6 @@ def test_bfloat16_params_keep_float32_state_through_a_state_dict_round_trip():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def stepped_muon(**kwargs):
-    """A Muon over a matrix and a vector after one step, and the gradients of a second step."""
-    torch.manual_seed(4)
-    params = [torch.nn.Parameter(torch.randn(6, 3)), torch.nn.Parameter(torch.randn(5))]
-    optimizer = Muon(params, lr=0.02, weight_decay=0.01, **kwargs)
-    for param in params:
-        param.grad = torch.randn(param.shape)
-    optimizer.step()
-    return optimizer, [torch.randn(param.shape) for param in params]
-
-
-def step_with(optimizer, grads):
-    params = optimizer.param_groups[0]["params"]
-    for param, grad in zip(params, grads):
-        param.grad = grad.clone()
-    optimizer.step()
-    return [param.detach().clone() for param in params]
-
-
-def test_a_state_dict_saved_before_the_authors_options_loads_with_their_defaults():
-    saved, grads = stepped_muon(**TORCH_FLOAT32)
-    old_state_dict = copy.deepcopy(saved.state_dict())  # not sharing the state tensors that `saved` steps on
-    for group in old_state_dict["param_groups"]:
-        del group["adamw_variant"], group["update_dtype"], group["ns_form"]
-    params = [torch.nn.Parameter(p.detach().clone()) for p in saved.param_groups[0]["params"]]
-    resumed = Muon(params, lr=0.02, weight_decay=0.01)
-    resumed.load_state_dict(old_state_dict)
-    group = resumed.param_groups[0]
-    assert (group["adamw_variant"], group["update_dtype"], group["ns_form"]) == ("authors", torch.bfloat16, "products")
-
-    for group in saved.param_groups:
-        group.update(adamw_variant="authors", update_dtype=torch.bfloat16)
-    torch.testing.assert_close(step_with(resumed, grads), step_with(saved, grads), rtol=0, atol=0)
-
-
-def test_a_pickle_made_before_the_authors_options_unpickles_with_their_defaults():
-    optimizer, grads = stepped_muon()
-    for options in (optimizer.defaults, *optimizer.param_groups):
-        del options["adamw_variant"], options["update_dtype"], options["ns_form"]
-    restored = pickle.loads(pickle.dumps(optimizer))
-    assert (restored.defaults["adamw_variant"], restored.defaults["update_dtype"], restored.defaults["ns_form"]) == (
-        "authors", torch.bfloat16, "products")
-    group = restored.param_groups[0]
-    assert (group["adamw_variant"], group["update_dtype"]) == ("authors", torch.bfloat16)
-    assert restored.process_group is None
-    expected = step_with(stepped_muon()[0], grads)
-    torch.testing.assert_close(step_with(restored, grads), expected, rtol=0, atol=0)
-
-
 @pytest.mark.parametrize(
     "kwargs, argument",
     [
@@ -433,16 +383,6 @@ def test_a_state_dict_saved_by_either_path_resumes_on_the_other_identically(save
                 param.grad = grad.clone()
             opt.step()
     assert_same_params_and_state(optimizer, params, resumed, resumed_params)
-
-
-def test_a_pickle_from_before_the_foreach_option_takes_foreach_and_keeps_it_after():
-    optimizer, _ = stepped_muon(foreach=False)
-    assert pickle.loads(pickle.dumps(optimizer)).foreach is False
-    state = optimizer.__getstate__()
-    del state["foreach"]  # what a pickle made before the option holds
-    restored = Muon.__new__(Muon)
-    restored.__setstate__(state)
-    assert restored.foreach is None
 
 
 def test_a_sparse_gradient_is_refused_before_any_tensor_steps():

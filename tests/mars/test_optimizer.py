@@ -1,7 +1,6 @@
 """mars.MARS: every backend against a plain per-tensor loop over mars.reference, plus the optimizer contract."""
 import copy
 import io
-import pickle
 
 import pytest
 import torch
@@ -371,31 +370,6 @@ def test_a_copy_steps_as_the_original(is_approx):
     optimizer.step()
     copied.step()
     torch.testing.assert_close(copied_param, param, rtol=0, atol=0)
-
-
-def test_a_pickle_from_before_ns_form_unpickles_with_the_authors_order():
-    param = torch.nn.Parameter(torch.randn(4, 3))
-    param.grad = torch.randn(4, 3)
-    optimizer = MARS([param], mars_type="mars-shampoo", ns_dtype=torch.float32)
-    optimizer.step()
-    for options in (optimizer.defaults, *optimizer.param_groups):
-        del options["ns_form"]
-    restored = pickle.loads(pickle.dumps(optimizer))
-    assert restored.defaults["ns_form"] == restored.param_groups[0]["ns_form"] == "products"
-    restored.step()
-
-
-def test_a_state_dict_from_before_ns_dtype_loads_with_the_default():
-    param = torch.nn.Parameter(torch.randn(4, 3))
-    param.grad = torch.randn(4, 3)
-    optimizer = MARS([param], mars_type="mars-shampoo")
-    optimizer.step()
-    saved = optimizer.state_dict()
-    del saved["param_groups"][0]["ns_dtype"]
-    restored = MARS([param], mars_type="mars-shampoo")
-    restored.load_state_dict(saved)
-    assert restored.param_groups[0]["ns_dtype"] == torch.bfloat16
-    restored.step()
 
 
 def test_params_without_grad_are_skipped_and_keep_their_step_count():

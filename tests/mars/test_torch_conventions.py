@@ -3,12 +3,14 @@ generic optimizer tests (timm's ``tests/test_optim.py``, pytorch_optimizer's) ho
 import copy
 import inspect
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
 
 import mars
 from mars import MARS, MarsM, MarsMEfficient, Moonlight, Muon, available_backends
+from tests.mars import saved_state_dicts
 
 needs_triton = pytest.mark.skipif("triton" not in available_backends("cpu"),
                                   reason="needs triton and TRITON_INTERPRET=1 (set by tests/conftest.py)")
@@ -88,12 +90,17 @@ def test_every_exported_optimizer_is_covered():
     assert {cls for cls in exported if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)} <= covered
 
 
-@pytest.mark.parametrize("cls, options", OPTIMIZERS)
-def test_a_state_dict_loaded_into_a_fresh_optimizer_is_returned_unchanged_and_steps_identically(cls, options):
+def stepped_twice(cls, options):
+    """Parameters, ``cls(params, **options)`` after two steps on them, and a copy of its state dict then."""
     params = new_params()
     optimizer = cls(params, **options)
     run_steps(optimizer, params, range(2))
-    saved = copy.deepcopy(optimizer.state_dict())
+    return params, optimizer, copy.deepcopy(optimizer.state_dict())
+
+
+@pytest.mark.parametrize("cls, options", OPTIMIZERS)
+def test_a_state_dict_loaded_into_a_fresh_optimizer_is_returned_unchanged_and_steps_identically(cls, options):
+    params, optimizer, saved = stepped_twice(cls, options)
 
     fresh_params = clone_params(params)
     fresh = cls(fresh_params, **options)
@@ -104,6 +111,21 @@ def test_a_state_dict_loaded_into_a_fresh_optimizer_is_returned_unchanged_and_st
     run_steps(fresh, fresh_params, range(2, STEPS))
     assert_same_params(fresh_params, params)
     assert_same_state_dict(fresh.state_dict(), optimizer.state_dict())
+
+
+SAVED_BY_7554A9E = Path(__file__).with_name("state_dicts_7554a9e.pt")
+
+
+@pytest.mark.parametrize("case", saved_state_dicts.CASES)
+def test_a_state_dict_saved_by_an_earlier_version_loads_and_steps_as_that_version_did(case):
+    saved = torch.load(SAVED_BY_7554A9E, weights_only=True)[case]
+    params = [torch.nn.Parameter(param) for param in saved["params"]]
+    optimizer = saved_state_dicts.new_optimizer(case, params)
+    optimizer.load_state_dict(copy.deepcopy(saved["state_dict"]))
+    assert_same_state_dict(optimizer.state_dict(), saved["state_dict"])
+    saved_state_dicts.step(optimizer, params, saved_state_dicts.SAVED_AFTER)
+    for param, expected in zip(params, saved["stepped"]):
+        torch.testing.assert_close(param.detach(), expected)
 
 
 def custom_subclass(cls):
@@ -136,6 +158,60 @@ def test_a_copy_or_pickle_steps_as_the_original(cls, options, how, subclass):
     run_steps(optimizer, params, range(2, STEPS))
     run_steps(copied, copied_params, range(2, STEPS))
     assert_same_params(copied_params, params)
+
+
+@pytest.mark.parametrize("cls, options", OPTIMIZERS)
+def test_a_state_dict_whose_groups_lack_an_option_is_refused_naming_it_and_the_fix(cls, options):
+    params, optimizer, before = stepped_twice(cls, options)
+    lacking = copy.deepcopy(before)
+    del lacking["param_groups"][0]["ns_form"]  # as a state dict saved before the option existed
+    with pytest.raises(ValueError, match=f"param group 0 of the state dict has no 'ns_form'.*Add 'ns_form' to every "
+                                         f"saved param group.*{optimizer.defaults['ns_form']!r} is this optimizer's"):
+        optimizer.load_state_dict(lacking)
+    assert_same_state_dict(optimizer.state_dict(), before)
+    another = MarsM if cls is Muon else Muon
+    with pytest.raises(ValueError, match=f"saved by another optimizer than {another.__name__}"):
+        another(clone_params(params)).load_state_dict(before)
+
+
+# The exact scheme: each step needs the look-ahead gradient stashed before it.
+EXACT_SCHEME = [pytest.param(MARS, dict(backend="torch", is_approx=False), id="mars"),
+                pytest.param(MarsM, dict(is_approx=False), id="mars-m")]
+
+
+def stash_lookahead(optimizer, params, step):
+    for param, grad in zip(params, gradients(params, step)):
+        param.grad = grad
+    optimizer.stash_lookahead_grad()
+    optimizer.zero_grad()
+
+
+@pytest.mark.parametrize("how", COPIES)
+@pytest.mark.parametrize("cls, options", EXACT_SCHEME)
+def test_a_stashed_lookahead_gradient_survives_a_copy_or_pickle(cls, options, how):
+    params = new_params()
+    optimizer = cls(params, **options)
+    stash_lookahead(optimizer, params, 1)
+    run_steps(optimizer, params, range(1))
+    stash_lookahead(optimizer, params, 2)
+    copied_params, copied = COPIES[how]((params, optimizer))
+    run_steps(optimizer, params, range(1, 2))
+    run_steps(copied, copied_params, range(1, 2))
+    assert_same_params(copied_params, params)
+    assert_same_state_dict(copied.state_dict(), optimizer.state_dict())
+
+
+@pytest.mark.parametrize("cls, options", EXACT_SCHEME)
+def test_a_loaded_state_dict_steps_only_after_a_stash_of_its_own(cls, options):
+    params = new_params()
+    optimizer = cls(params, **options)
+    stash_lookahead(optimizer, params, 1)
+    run_steps(optimizer, params, range(1))
+    saved = copy.deepcopy(optimizer.state_dict())
+    stash_lookahead(optimizer, params, 2)
+    optimizer.load_state_dict(saved)  # the stash belonged to the state it replaced
+    with pytest.raises(RuntimeError, match="stash_lookahead_grad"):
+        run_steps(optimizer, params, range(1, 2))
 
 
 @pytest.mark.parametrize("cls, options", OPTIMIZERS)
