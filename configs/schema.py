@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -74,6 +74,8 @@ class OptimizerConfig:
     weight_decay: float = 0.0
     # nanoGPT decays every >=2-D weight; the MARS authors' trainer keeps the embeddings in the no-decay group.
     decay_embeddings: bool = True
+    # Peak learning rates of other parts beside ``lr``, each scheduled as lr is, down to train.min_lr (not fields).
+    part_lrs: ClassVar[tuple[str, ...]] = ()
 
 
 @dataclass
@@ -111,6 +113,7 @@ class MuonConfig(OptimizerConfig):
     """Muon on 2-D weights and AdamW on the rest, as the MARS authors ran their Muon baseline."""
 
     name: str = "muon"
+    part_lrs: ClassVar[tuple[str, ...]] = ("adamw_lr",)
     momentum: float = 0.95
     nesterov: bool = True
     ns_steps: int = 5
@@ -246,8 +249,8 @@ class Config:
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
-OPTIMIZER_SCHEMAS: dict[str, type] = {"adamw": AdamWConfig, "mars": MarsConfig, "muon": MuonConfig,
-                                       "mars-m": MarsMConfig, "moonlight": MoonlightConfig}
+# Every optimizer's config dataclass by its name: a new subclass of OptimizerConfig joins without a list to edit.
+OPTIMIZER_SCHEMAS: dict[str, type] = {schema.name: schema for schema in OptimizerConfig.__subclasses__()}
 
 
 _claimed_run_dirs: dict[str, str] = {}
@@ -304,8 +307,11 @@ def _require(condition: bool, message: str) -> None:
 
 def check_known_keys(cfg) -> None:
     """Refuse keys that no schema knows, however they were added (``+optimizer.gama=0.1`` merges silently)."""
+    name = cfg.optimizer.get("name")
+    _require(name in OPTIMIZER_SCHEMAS, f"unknown optimizer.name {name!r}: the optimizers are "
+             f"{', '.join(OPTIMIZER_SCHEMAS)} (optimizer=<one of configs/optimizer/>)")
     sections = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "wandb": WandbConfig,
-                "optimizer": OPTIMIZER_SCHEMAS.get(cfg.optimizer.get("name"))}
+                "optimizer": OPTIMIZER_SCHEMAS[name]}
     for key in cfg:
         _require(key in sections, f"unknown config key {key!r}: the top-level keys are {', '.join(sections)}")
     for section, schema in sections.items():
@@ -375,9 +381,9 @@ def validate(cfg) -> None:
              f"model.activation must be gelu or gelu_tanh, got {m.activation!r}")
     _require(o.lr > 0.0, f"optimizer.lr must be positive, got {o.lr}")
     _require(0.0 <= t.min_lr <= o.lr, f"train.min_lr ({t.min_lr}) must lie in [0, optimizer.lr={o.lr}]")
-    if o.name == "muon":
-        _require(t.min_lr <= o.adamw_lr, f"train.min_lr ({t.min_lr}) must not exceed optimizer.adamw_lr "
-                 f"({o.adamw_lr}): both parts of Muon decay to train.min_lr")
+    for key in OPTIMIZER_SCHEMAS[o.name].part_lrs:
+        _require(t.min_lr <= o[key], f"train.min_lr ({t.min_lr}) must not exceed optimizer.{key} ({o[key]}): "
+                 f"every part of {o.name} decays to train.min_lr")
     _require(o.weight_decay >= 0.0, f"optimizer.weight_decay must be >= 0, got {o.weight_decay}")
     _require(t.eval_sampling == EvalSampling.fixed or cfg.data.sampling != Sampling.sequential,
              "train.eval_sampling=fresh draws random validation windows, which data.sampling=sequential does not "

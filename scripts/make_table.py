@@ -41,6 +41,7 @@ from scripts.runs import (Run, Setting, display_corpus, display_model, display_o
                           group_settings, load_run, optimizer_order, short_name, size_order, tokens_label,
                           where_stopped)
 from scripts.target_loss import target_table
+from training.registry import OPTIMIZERS
 
 # Best validation loss on OpenWebText: Yuan et al., "MARS: Unleashing the Power of Variance Reduction for
 # Training Large Models", ICML 2025, arXiv 2411.10438, as tabulated in the README of AGI-Arena/MARS.
@@ -58,8 +59,9 @@ PAPER_VAL_LOSS = {
 PAPER_BUDGETS = frozenset(budget for _, _, budget in PAPER_VAL_LOSS)
 PAPER_CITATION = "Yuan et al., MARS, ICML 2025 (arXiv 2411.10438), via the AGI-Arena/MARS README"
 PRESET_DIR = Path(__file__).resolve().parents[1] / "configs" / "experiment"
+PAPER_ROWS = [label for entry in OPTIMIZERS.values() for label in entry.paper_rows]  # the optimizers the paper ran
 PRESET_NAME = re.compile(r"(?P<corpus>owt|fwe)-gpt2-(?P<model>small|medium|large|xl)-(?P<billions>\d+)b-"
-                         r"(?P<optimizer>adamw|muon|mars-approx|mars-exact)")
+                         rf"(?P<optimizer>{'|'.join(PAPER_ROWS)})")
 PRESET_CORPORA = {"owt": "openwebtext", "fwe": "fineweb-edu"}
 MISSING = "–"
 STOPPED = "*"  # marks a figure that includes runs stopped before their max_iters

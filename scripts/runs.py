@@ -36,8 +36,9 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from configs.schema import OPTIMIZER_SCHEMAS, DataConfig, ModelConfig, TrainConfig, register_configs
+from configs.schema import DataConfig, ModelConfig, TrainConfig, register_configs
 from training.metrics import METRICS_FILE, read_metrics
+from training.registry import OPTIMIZERS
 from training.resume import flat_items
 # What train.py writes into a run that was refused, diverged or failed otherwise: {kind, reason, step, overrides, time}.
 from training.sweep import FAILURE_FILE
@@ -49,11 +50,8 @@ UNKNOWN = "unknown"  # the corpus, model and optimizer of a failed point whose o
 MODEL_SIZES = {(12, 12, 768): "small", (24, 16, 1024): "medium", (36, 20, 1280): "large", (48, 25, 1600): "xl"}
 SIZE_ORDER = ("small", "medium", "large", "xl")
 CORPUS_NAMES = {"openwebtext": "OpenWebText", "fineweb-edu": "FineWeb-Edu", "embedded": "Shakespeare (embedded)"}
-OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon", "mars-exact": "MARS-exact", "mars-approx": "MARS-approx",
-                   "mars-lion-approx": "MARS-Lion", "mars-lion-exact": "MARS-Lion-exact",
-                   "mars-shampoo-approx": "MARS-Shampoo", "mars-shampoo-exact": "MARS-Shampoo-exact",
-                   "moonlight": "Moonlight", "mars-m-approx": "MARS-M", "mars-m-exact": "MARS-M-exact",
-                   "mars-m-efficient": "MARS-M-efficient"}
+# Each optimizer label's display name, in the tables' order.
+OPTIMIZER_NAMES = {label: name for entry in OPTIMIZERS.values() for label, name in entry.labels.items()}
 # Optimizer keys whose default changed when they joined the schema: a run saved before ran the old behaviour.
 RAN_BEFORE_THE_KEY_EXISTED = {"muon": {"adamw_variant": "torch", "update_dtype": "float32"}}
 # The training settings that change what a run computes, or the figure the table reads off it (the best of
@@ -185,14 +183,9 @@ def model_label(model_cfg) -> str:
 
 
 def optimizer_label(optimizer_cfg) -> str:
-    if optimizer_cfg["name"] == "mars-m":
-        if optimizer_cfg.get("memory_efficient"):
-            return "mars-m-efficient"
-        return f"mars-m-{'approx' if optimizer_cfg['is_approx'] else 'exact'}"
-    if optimizer_cfg["name"] != "mars":
-        return optimizer_cfg["name"]
-    variant = "mars" if optimizer_cfg["mars_type"] == "mars-adamw" else optimizer_cfg["mars_type"]
-    return f"{variant}-{'approx' if optimizer_cfg['is_approx'] else 'exact'}"
+    """The optimizer's label (``mars-approx``); an optimizer this version does not know keeps its name."""
+    entry = OPTIMIZERS.get(optimizer_cfg["name"])
+    return entry.label(optimizer_cfg) if entry else optimizer_cfg["name"]
 
 
 def nominal_tokens(tokens: float) -> float:
@@ -375,10 +368,8 @@ def schema_defaults(schema: type) -> dict:
     return defaults
 
 
-# Optimizer keys that do not change what a run computes: how Newton-Schulz is launched (the same kernels), and
-# Newton-Schulz's settings in MARS variants that never run it.
+# Optimizer keys that do not change what a run computes: how Newton-Schulz is launched (the same kernels).
 NO_EFFECT_KEYS = ("ns_cuda_graph",)
-NEWTON_SCHULZ_KEYS = ("ns_dtype", "ns_form")
 
 
 def without_defaults(optimizer_cfg: dict) -> dict:
@@ -386,15 +377,14 @@ def without_defaults(optimizer_cfg: dict) -> dict:
 
     A run made before a key joined the schema has no such key; one made after has it at its default. Both ran
     the same thing, and must count as one setting (as seeds of each other). Likewise a MARS-AdamW run saved
-    with another ``ns_dtype`` (its default changed once) ran the same thing: only mars-shampoo reads it.
+    with another ``ns_dtype`` (its default changed once) ran the same thing: it never runs Newton-Schulz
+    (``OptimizerEntry.unread_keys``).
     """
-    schema = OPTIMIZER_SCHEMAS.get(optimizer_cfg.get("name"))
-    if schema is None:
+    entry = OPTIMIZERS.get(optimizer_cfg.get("name"))
+    if entry is None:
         return optimizer_cfg
-    defaults = {f.name: f.default for f in dataclasses.fields(schema) if f.default is not dataclasses.MISSING}
-    ignored = NO_EFFECT_KEYS
-    if optimizer_cfg.get("name") == "mars" and optimizer_cfg.get("mars_type", "mars-adamw") != "mars-shampoo":
-        ignored += NEWTON_SCHULZ_KEYS
+    defaults = {f.name: f.default for f in dataclasses.fields(entry.schema) if f.default is not dataclasses.MISSING}
+    ignored = NO_EFFECT_KEYS + entry.unread_keys({**defaults, **optimizer_cfg})
     return {key: value for key, value in optimizer_cfg.items()
             if key not in ignored and (key not in defaults or value != as_yaml(defaults[key]))}
 
