@@ -38,7 +38,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from scripts.runs import (Run, Setting, display_corpus, display_model, display_optimizer, find_run_dirs,
-                          group_settings, load_run, optimizer_order, short_name, size_order, tokens_label,
+                          group_settings, load_runs_of_this_version, optimizer_order, short_name, size_order, tokens_label,
                           where_stopped)
 from scripts.target_loss import target_table
 from training.registry import OPTIMIZERS
@@ -285,12 +285,14 @@ def labelled_settings(groups: dict[tuple, list[Setting]]) -> list[tuple[tuple, S
     return rows
 
 
-def make_table(runs: list[Run], target_loss: float | None = None) -> str:
+def make_table(runs: list[Run], target_loss: float | None = None, left_out: list[str] = ()) -> str:
+    """The tables of ``runs``, and a list of the run directories ``left_out`` (one note each)."""
     groups = group_settings(runs)
     if not groups:
         raise ValueError("no runs found: nothing to tabulate")
     target = [] if target_loss is None else target_table(labelled_settings(groups), target_loss)
-    return "\n".join(paper_layout(groups) + settings_table(groups) + target
+    older = ["Run directories left out:", "", *(f"- {note}" for note in left_out), ""] if left_out else []
+    return "\n".join(paper_layout(groups) + settings_table(groups) + target + older
                      + [f"Paper numbers: {PAPER_CITATION}.", ""])
 
 
@@ -315,9 +317,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         run_dirs = find_run_dirs(args.runs)
-        runs = list(map(load_run, run_dirs))
+        runs, left_out = load_runs_of_this_version(run_dirs)
         runs += [run for path in args.wandb_csv for run in load_wandb_csv(path)]
-        table = make_table(runs, args.target_loss)
+        table = make_table(runs, args.target_loss, left_out)
         out = args.out or default_out([*run_dirs, *args.wandb_csv])
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None

@@ -52,8 +52,6 @@ SIZE_ORDER = ("small", "medium", "large", "xl")
 CORPUS_NAMES = {"openwebtext": "OpenWebText", "fineweb-edu": "FineWeb-Edu", "embedded": "Shakespeare (embedded)"}
 # Each optimizer label's display name, in the tables' order.
 OPTIMIZER_NAMES = {label: name for entry in OPTIMIZERS.values() for label, name in entry.labels.items()}
-# Optimizer keys whose default changed when they joined the schema: a run saved before ran the old behaviour.
-RAN_BEFORE_THE_KEY_EXISTED = {"muon": {"adamw_variant": "torch", "update_dtype": "float32"}}
 # The training settings that change what a run computes, or the figure the table reads off it (the best of
 # evaluations every eval_interval steps, each over eval_iters batches, on fixed or fresh windows); the rest
 # (seed, device, paths, logging) do not.
@@ -250,15 +248,15 @@ def load_run(run_dir: Path) -> Run:
     # A run that logged no training step (it failed or stopped before) has the config's on one process.
     tokens_per_step = step["tokens"] / step["step"] if step else configured_tokens_per_step(cfg["train"])
     budget = cfg["train"]["max_iters"] * tokens_per_step
+    check_written_by_this_version(run_dir, cfg["optimizer"])
     # Keys a run saved before they joined the schema ran at their default: fill them in, so that such runs and
     # later ones at the default count as one setting.
     train_defaults = schema_defaults(TrainConfig)
-    optimizer_cfg = {**RAN_BEFORE_THE_KEY_EXISTED.get(cfg["optimizer"]["name"], {}), **cfg["optimizer"]}
     corpus = corpus_of(cfg["data"])
     # The corpus stands for data.name and data.dir: its shard directory tells a custom corpus, not a named one.
     data_cfg = {**schema_defaults(DataConfig), **cfg["data"], "name": corpus}
     setting = {"model": {**schema_defaults(ModelConfig), **cfg["model"]},
-               "optimizer": without_defaults(optimizer_cfg),
+               "optimizer": without_defaults(cfg["optimizer"]),
                "data": {key: value for key, value in data_cfg.items() if key != "dir"},
                "train": {key: cfg["train"].get(key, train_defaults.get(key)) for key in SETTING_KEYS},
                "tokens_per_step": tokens_per_step}
@@ -281,6 +279,33 @@ def load_run(run_dir: Path) -> Run:
                config=cfg, data=launches[0]["data"] if launches else None,
                code=[code_label(r["launch"]) for r in records if "launch" in r], failure=failure,
                modified=last_modified(run_dir))
+
+
+class OlderVersionRun(ValueError):
+    """A run directory that an older version of this project wrote: what it ran is not known for certain."""
+
+
+def check_written_by_this_version(run_dir: Path, optimizer_cfg: dict) -> None:
+    """Raise :class:`OlderVersionRun` if the run's saved optimizer config lacks keys of its schema: an older version
+    wrote it, and the values it ran for them (not always today's defaults) are unknown."""
+    entry = OPTIMIZERS.get(optimizer_cfg["name"])
+    missing = [f.name for f in dataclasses.fields(entry.schema) if f.name not in optimizer_cfg] if entry else []
+    if missing:
+        raise OlderVersionRun(f"{run_dir}: left out, written by an older version of this project (its optimizer "
+                              f"config has no {', '.join(missing)}): train it again to tabulate it")
+
+
+def load_runs_of_this_version(run_dirs: list[Path]) -> tuple[list[Run], list[str]]:
+    """The runs in ``run_dirs``, and one note for each directory left out because an older version wrote it
+    (each also logged as a warning)."""
+    runs, left_out = [], []
+    for run_dir in run_dirs:
+        try:
+            runs.append(load_run(run_dir))
+        except OlderVersionRun as err:
+            log.warning("%s", err)
+            left_out.append(str(err))
+    return runs, left_out
 
 
 def last_modified(run_dir: Path) -> float:
@@ -375,16 +400,14 @@ NO_EFFECT_KEYS = ("ns_cuda_graph",)
 def without_defaults(optimizer_cfg: dict) -> dict:
     """The optimizer settings that differ from the schema's defaults, without those that change nothing.
 
-    A run made before a key joined the schema has no such key; one made after has it at its default. Both ran
-    the same thing, and must count as one setting (as seeds of each other). Likewise a MARS-AdamW run saved
-    with another ``ns_dtype`` (its default changed once) ran the same thing: it never runs Newton-Schulz
-    (``OptimizerEntry.unread_keys``).
+    A MARS-AdamW run saved with another ``ns_dtype`` (its default changed once) ran the same thing as one at the
+    default: it never runs Newton-Schulz (``OptimizerEntry.unread_keys``).
     """
     entry = OPTIMIZERS.get(optimizer_cfg.get("name"))
     if entry is None:
         return optimizer_cfg
     defaults = {f.name: f.default for f in dataclasses.fields(entry.schema) if f.default is not dataclasses.MISSING}
-    ignored = NO_EFFECT_KEYS + entry.unread_keys({**defaults, **optimizer_cfg})
+    ignored = NO_EFFECT_KEYS + entry.unread_keys(optimizer_cfg)
     return {key: value for key, value in optimizer_cfg.items()
             if key not in ignored and (key not in defaults or value != as_yaml(defaults[key]))}
 
@@ -425,7 +448,8 @@ def matching_paths(pattern: str) -> list[str]:
 
 
 def load_runs(patterns: list[str]) -> list[Run]:
-    return list(map(load_run, find_run_dirs(patterns)))
+    """The runs in the directories ``patterns`` match, but those an older version wrote (named in a warning)."""
+    return load_runs_of_this_version(find_run_dirs(patterns))[0]
 
 
 @dataclass

@@ -331,3 +331,17 @@ def test_a_wandb_export_reaches_a_target_at_the_presets_tokens_per_step_and_has_
     muon = next(line for line in target.splitlines() if line.startswith("| OpenWebText |"))
     assert [cell.strip() for cell in muon.strip("|").split("|")][7:] == [count_label(step * 5e9 / 10_000), "–",
                                                                          "1.00x", "–"]
+
+
+def test_a_run_an_older_version_wrote_is_left_out_of_the_table_and_listed_with_why(tmp_path, make_run, capsys):
+    base = ["optimizer=muon", "train.max_iters=10"]
+    old = make_run(tmp_path / "old", base, [10.8, 6.0], 1024)
+    make_run(tmp_path / "authors", [*base, "train.seed=2"], [10.8, 6.2], 1024)
+    config = old / ".hydra" / "config.yaml"  # as saved before Muon had the authors' AdamW and bfloat16 updates
+    config.write_text("\n".join(line for line in config.read_text().splitlines()
+                                if "adamw_variant" not in line and "update_dtype" not in line))
+    main([str(tmp_path / "*"), "--out", str(tmp_path / "table.md")])
+    table = capsys.readouterr().out
+    assert "| 1 | 6.200 |" in table and "| 2 |" not in table  # one seed: the old run is not pooled with it
+    assert (f"- {old}: left out, written by an older version of this project (its optimizer config has no "
+            "adamw_variant, update_dtype): train it again to tabulate it") in table
