@@ -36,6 +36,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from configs.models import GPT2_SHAPES
 from configs.schema import DataConfig, ModelConfig, TrainConfig, register_configs
 from training.metrics import METRICS_FILE, read_metrics
 from training.registry import OPTIMIZERS
@@ -47,8 +48,8 @@ log = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 UNKNOWN = "unknown"  # the corpus, model and optimizer of a failed point whose overrides no longer compose
-MODEL_SIZES = {(12, 12, 768): "small", (24, 16, 1024): "medium", (36, 20, 1280): "large", (48, 25, 1600): "xl"}
-SIZE_ORDER = ("small", "medium", "large", "xl")
+MODEL_SIZES = {shape: size for size, shape in GPT2_SHAPES.items()}
+SIZE_ORDER = tuple(GPT2_SHAPES)
 CORPUS_NAMES = {"openwebtext": "OpenWebText", "fineweb-edu": "FineWeb-Edu", "embedded": "Shakespeare (embedded)"}
 # Each optimizer label's display name, in the tables' order.
 OPTIMIZER_NAMES = {label: name for entry in OPTIMIZERS.values() for label, name in entry.labels.items()}
