@@ -17,7 +17,7 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from configs.schema import ConfigError, grad_accum_steps_for, register_configs, validate
+from configs.schema import ConfigError, grad_accum_steps_for, lr_decay_end, register_configs, validate
 from data.loader import TokenBatches, TokenIdOutOfRange, build_batches
 from evaluation.hellaswag import correct_counts, training_items
 from model import GPT, GPTConfig
@@ -89,8 +89,7 @@ def read_step_scalars(loss: torch.Tensor, grad_norm: torch.Tensor, lookahead_nor
 
 def schedule_changes(saved_train: dict, t) -> list[str]:
     """What a resume changes in the lr schedule's shape: a longer ``max_iters`` stretches the decay."""
-    saved_end = saved_train.get("decay_iters") or saved_train["max_iters"]
-    end = t.decay_iters or t.max_iters
+    saved_end, end = lr_decay_end(saved_train), lr_decay_end(t)
     if saved_end == end:
         return []
     return [f"the lr schedule now reaches train.min_lr at step {end} instead of the checkpoint's {saved_end} "
@@ -366,7 +365,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
         return path
 
     schedule = dict(min_lr=t.min_lr, warmup_iters=t.warmup_iters,
-                    decay_iters=t.decay_iters or t.max_iters, schedule=t.lr_schedule,
+                    decay_iters=lr_decay_end(t), schedule=t.lr_schedule,
                     decay_fraction=t.decay_fraction)
     guard = DivergenceGuard(t.max_skipped_steps, skipped_steps)
     if start_step == 0:

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -74,6 +74,8 @@ class OptimizerConfig:
     weight_decay: float = 0.0
     # nanoGPT decays every >=2-D weight; the MARS authors' trainer keeps the embeddings in the no-decay group.
     decay_embeddings: bool = True
+    # Peak learning rates of other parts beside ``lr``, each scheduled as lr is, down to train.min_lr (not fields).
+    part_lrs: ClassVar[tuple[str, ...]] = ()
 
 
 @dataclass
@@ -111,6 +113,7 @@ class MuonConfig(OptimizerConfig):
     """Muon on 2-D weights and AdamW on the rest, as the MARS authors ran their Muon baseline."""
 
     name: str = "muon"
+    part_lrs: ClassVar[tuple[str, ...]] = ("adamw_lr",)
     momentum: float = 0.95
     nesterov: bool = True
     ns_steps: int = 5
@@ -246,8 +249,8 @@ class Config:
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
-OPTIMIZER_SCHEMAS: dict[str, type] = {"adamw": AdamWConfig, "mars": MarsConfig, "muon": MuonConfig,
-                                       "mars-m": MarsMConfig, "moonlight": MoonlightConfig}
+# Every optimizer's config dataclass by its name: a new subclass of OptimizerConfig joins without a list to edit.
+OPTIMIZER_SCHEMAS: dict[str, type] = {schema.name: schema for schema in OptimizerConfig.__subclasses__()}
 
 
 _claimed_run_dirs: dict[str, str] = {}
@@ -304,8 +307,11 @@ def _require(condition: bool, message: str) -> None:
 
 def check_known_keys(cfg) -> None:
     """Refuse keys that no schema knows, however they were added (``+optimizer.gama=0.1`` merges silently)."""
+    name = cfg.optimizer.get("name")
+    _require(name in OPTIMIZER_SCHEMAS, f"unknown optimizer.name {name!r}: the optimizers are "
+             f"{', '.join(OPTIMIZER_SCHEMAS)} (optimizer=<one of configs/optimizer/>)")
     sections = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "wandb": WandbConfig,
-                "optimizer": OPTIMIZER_SCHEMAS.get(cfg.optimizer.get("name"))}
+                "optimizer": OPTIMIZER_SCHEMAS[name]}
     for key in cfg:
         _require(key in sections, f"unknown config key {key!r}: the top-level keys are {', '.join(sections)}")
     for section, schema in sections.items():
@@ -329,15 +335,22 @@ def check_finite(cfg) -> None:
                      f"{section}.{key}={value} is not a finite number: give it a finite value")
 
 
+def check_model(m) -> None:
+    """The model's own checks (sizes, heads, dropout, activation: model.GPTConfig's), as config errors."""
+    from model import GPTConfig  # with torch: imported when a run's config is validated, not with the schema
+
+    try:
+        GPTConfig(**OmegaConf.to_container(m))
+    except ValueError as err:
+        raise ConfigError(f"model.{err}") from None
+
+
 def validate(cfg) -> None:
     """Range and cross-field checks that the types alone cannot express."""
     check_known_keys(cfg)
     check_finite(cfg)
     m, t, o = cfg.model, cfg.train, cfg.optimizer
-    for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-        _require(m[key] > 0, f"model.{key} must be positive, got {m[key]}")
-    _require(m.n_embd % m.n_head == 0, f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head})")
-    _require(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}")
+    check_model(m)
     for key in ("batch_size", "block_size", "grad_accum_steps", "max_iters", "eval_interval", "eval_iters",
                 "log_interval", "checkpoint_interval", "keep_checkpoints"):
         _require(t[key] > 0, f"train.{key} must be a positive integer, got {t[key]}")
@@ -350,7 +363,7 @@ def validate(cfg) -> None:
              f"train.global_batch_size ({t.global_batch_size}) must be a positive multiple of train.batch_size "
              f"({t.batch_size})")
     _require(t.warmup_iters >= 0, f"train.warmup_iters must be >= 0, got {t.warmup_iters}")
-    decay_iters = t.decay_iters if t.decay_iters is not None else t.max_iters
+    decay_iters = lr_decay_end(t)
     # A run shorter than its warmup (a smoke test) never reaches the decay; otherwise the decay must end after it.
     _require(decay_iters > t.warmup_iters or t.warmup_iters >= t.max_iters or t.lr_schedule == LrSchedule.constant,
              f"the lr decay must end after warmup: train.decay_iters ({decay_iters}) <= train.warmup_iters "
@@ -371,19 +384,23 @@ def validate(cfg) -> None:
     _require(t.grad_clip >= 0.0, f"train.grad_clip must be >= 0 (0 disables it), got {t.grad_clip}")
     _require(t.grad_multiplier > 0.0, f"train.grad_multiplier must be positive (1: the mean gradient), got "
              f"{t.grad_multiplier}")
-    _require(m.activation in ("gelu", "gelu_tanh"),
-             f"model.activation must be gelu or gelu_tanh, got {m.activation!r}")
     _require(o.lr > 0.0, f"optimizer.lr must be positive, got {o.lr}")
     _require(0.0 <= t.min_lr <= o.lr, f"train.min_lr ({t.min_lr}) must lie in [0, optimizer.lr={o.lr}]")
-    if o.name == "muon":
-        _require(t.min_lr <= o.adamw_lr, f"train.min_lr ({t.min_lr}) must not exceed optimizer.adamw_lr "
-                 f"({o.adamw_lr}): both parts of Muon decay to train.min_lr")
+    for key in OPTIMIZER_SCHEMAS[o.name].part_lrs:
+        _require(t.min_lr <= o[key], f"train.min_lr ({t.min_lr}) must not exceed optimizer.{key} ({o[key]}): "
+                 f"every part of {o.name} decays to train.min_lr")
     _require(o.weight_decay >= 0.0, f"optimizer.weight_decay must be >= 0, got {o.weight_decay}")
     _require(t.eval_sampling == EvalSampling.fixed or cfg.data.sampling != Sampling.sequential,
              "train.eval_sampling=fresh draws random validation windows, which data.sampling=sequential does not "
              "serve: use train.eval_sampling=fixed, or data.sampling=random")
     _require(cfg.data.name != "custom" or cfg.data.dir is not None,
              "data=custom needs data.dir=/path/to/shards (made by `python -m data.prepare files ... --out DIR`)")
+
+
+def lr_decay_end(t) -> int:
+    """The step at which the lr decay reaches train.min_lr: ``train.decay_iters``, or ``train.max_iters`` when null
+    (``t``: the train section, as configured or as a checkpoint saved it)."""
+    return t["max_iters"] if t.get("decay_iters") is None else t["decay_iters"]
 
 
 def grad_accum_steps_for(t, world_size: int) -> int:

@@ -15,13 +15,14 @@ import json
 import logging
 from pathlib import Path
 
+from configs.models import GPT2_SHAPES
 from evaluation.authors_downstream import RESULTS as AUTHORS_RESULTS
 from evaluation.authors_downstream import TASKS as PAPER_TASKS
 from evaluation.export_hf import export
 
 log = logging.getLogger(__name__)
 
-MODEL_SIZES = {(12, 768): "small", (24, 1024): "medium", (36, 1280): "large", (48, 1600): "xl"}
+MODEL_SIZES = {(n_layer, n_embd): size for size, (n_layer, _, n_embd) in GPT2_SHAPES.items()}
 
 
 def run_dir_of(checkpoint: Path) -> Path:

@@ -28,8 +28,13 @@ class GPTConfig:
     activation: str = "gelu"
 
     def __post_init__(self):
+        for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
         if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+            raise ValueError(f"n_head ({self.n_head}) must divide n_embd ({self.n_embd})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
 

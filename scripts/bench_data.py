@@ -11,12 +11,9 @@ workers. Prints markdown tables and writes them with the command, CPU and date t
 ``results/bench_data_cpu.md``.
 """
 import argparse
-import datetime
 import json
 import os
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +27,7 @@ from data.loader import TokenBatches, load_split
 from data.prepare import files_source, prepare
 from data.shards import write_shard
 from data.tokenizer import GPT2_VOCAB_SIZE
-from scripts.bench_optimizer import device_name
+from scripts.bench_report import run_record, write_report
 
 
 def bench_loader(directory: Path, sampling: Sampling, batch_size: int, block_size: int, batches: int,
@@ -87,20 +84,16 @@ def main() -> None:
             prepare_rows.append(f"| {workers} | {tokens:,} | {seconds:.1f} | {tokens / seconds:,.0f} | "
                                 f"{tokens / seconds / workers:,.0f} |")
 
-    command = shlex.join(["python", "-m", "scripts.bench_data", *sys.argv[1:]])
-    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     loader_table = "\n".join([f"| sampling | batches/s ({args.batch_size} x {args.block_size}) | M tokens/s |",
                               "|---|---:|---:|", *loader_rows])
     prepare_table = "\n".join(["| workers | tokens | seconds | tokens/s | tokens/s per worker |",
                                "|---:|---:|---:|---:|---:|", *prepare_rows])
-    report = (f"# Data path on the CPU\n\n{device_name(torch.device('cpu'))}, {date}\n\n`{command}`\n\n"
-              f"## Loader ({args.tokens:,} synthetic tokens in {args.shards} page-cached shards, no device copy)\n\n"
-              f"{loader_table}\n\n"
-              f"## `data.prepare` ({args.copies} x the embedded corpus as .jsonl, end to end)\n\n{prepare_table}\n")
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "bench_data_cpu.md").write_text(report)
-    print(report)
-
+    record = run_record("bench_data", None, torch.device("cpu"), tokens=args.tokens, shards=args.shards,
+                        copies=args.copies, loader=loader_rows, prepare=prepare_rows)
+    write_report(args.output_dir, "bench_data_cpu", "Data path on the CPU", record,
+                 f"## Loader ({args.tokens:,} synthetic tokens in {args.shards} page-cached shards, no device copy)\n\n"
+                 f"{loader_table}\n\n"
+                 f"## `data.prepare` ({args.copies} x the embedded corpus as .jsonl, end to end)\n\n{prepare_table}")
 
 if __name__ == "__main__":
     main()

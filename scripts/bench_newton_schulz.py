@@ -24,12 +24,8 @@ product reaches in ``ns_dtype`` on the same device in the same run. Writes a mar
 ``results/bench_newton_schulz_<device>.{md,json}``.
 """
 import argparse
-import datetime
 import functools
-import json
-import shlex
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +36,8 @@ from torch.profiler import ProfilerActivity
 
 from mars.cuda_graph import CapturedLists
 from mars.newton_schulz import NS_FORMS, assign_owners, newton_schulz5, newton_schulz_flops, orthogonalise
-from scripts.bench_optimizer import device_name, gpt2_shapes, make_timer
+from scripts.bench_optimizer import gpt2_shapes, make_timer
+from scripts.bench_report import run_record, write_report
 
 WORLD_SIZES = (2, 4, 8)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -197,24 +194,15 @@ def main(argv: list[str] | None = None) -> None:
         versus = f"{row['ms'] / baseline:.2f}x" if baseline else "-"
         lines.append(f"| {label} | {row['ms']:.1f} | {row['tflop']:.2f} | {floor_ms:.1f} | "
                      f"{row['ms'] / floor_ms:.1f}x | {versus} |")
-    command = "python -m scripts.bench_newton_schulz " + shlex.join(argv if argv is not None else sys.argv[1:])
-    record = {"command": command, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "device": device_name(device), "torch": torch.__version__, "model_size": args.model_size,
-              "ns_dtype": ns_dtype, "matrices": len(matrices), "reps": args.reps,
-              "matmul_tflops": tflops, "paths": times}
-    header = (f"# Newton-Schulz (5 steps, {ns_dtype}) on the {len(matrices)} matrices of GPT-2 {args.model_size}\n\n"
-              f"{record['device']}, torch {torch.__version__}, {record['date']}\n\n`{command}`\n\n"
-              f"Floor: the path's matrix-product flops at {tflops:.1f} TFLOP/s, what one "
-              f"{'8192' if device.type == 'cuda' else '1024'}-square {ns_dtype} product reached in this run.\n\n")
-    print(header + "\n".join(lines))
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.output_dir / f"bench_newton_schulz_{device.type}"
-    stem.with_suffix(".md").write_text(header + "\n".join(lines) + "\n")
-    stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    record = run_record("bench_newton_schulz", argv, device, model_size=args.model_size, ns_dtype=ns_dtype,
+                        matrices=len(matrices), reps=args.reps, matmul_tflops=tflops, paths=times)
+    title = f"Newton-Schulz (5 steps, {ns_dtype}) on the {len(matrices)} matrices of GPT-2 {args.model_size}"
+    write_report(args.output_dir, f"bench_newton_schulz_{device.type}", title, record, "\n".join(lines),
+                 notes=f"Floor: the path's matrix-product flops at {tflops:.1f} TFLOP/s, what one "
+                 f"{'8192' if device.type == 'cuda' else '1024'}-square {ns_dtype} product reached in this run.")
     if args.profile:
-        profiles = header.split("\n\nFloor:")[0].replace("# Newton-Schulz", "# Where the time goes: Newton-Schulz", 1)
-        (args.output_dir / f"profile_newton_schulz_{device.type}.md").write_text(
-            f"{profiles}\n\n{profile_paths(paths, matrices)}\n")
+        write_report(args.output_dir, f"profile_newton_schulz_{device.type}", f"Where the time goes: {title}",
+                     record, profile_paths(paths, matrices))
 
 
 if __name__ == "__main__":

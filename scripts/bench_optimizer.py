@@ -20,14 +20,9 @@ Writes ``results/bench_optimizer_overhead_<device>.{md,json}``.
 """
 import argparse
 import contextlib
-import datetime
 import importlib
-import json
 import os
-import platform
-import shlex
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,10 +30,12 @@ from types import ModuleType
 
 import torch
 
+from configs.models import GPT2_SHAPES
 from mars import MARS, available_backends
+from scripts.bench_report import run_record, write_report
 
 # (layers, width) of the GPT-2 family; vocabulary padded to 50304 and 1024 positions, no biases (nanoGPT).
-MODEL_SIZES = {"small": (12, 768), "medium": (24, 1024), "large": (36, 1280), "xl": (48, 1600)}
+MODEL_SIZES = {size: (n_layer, n_embd) for size, (n_layer, _, n_embd) in GPT2_SHAPES.items()}
 VOCAB_SIZE, BLOCK_SIZE = 50304, 1024
 BASELINE = "AdamW (foreach)"
 
@@ -90,14 +87,6 @@ def make_timer(device: torch.device) -> Callable[[Callable[[], None]], float]:
         fn()
         return 1000.0 * (time.perf_counter() - start)
     return wall_time
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    with open("/proc/cpuinfo") as cpuinfo:
-        model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "")
-    return f"{model or platform.processor()} ({torch.get_num_threads()} threads)"
 
 
 def step_of(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
@@ -247,7 +236,7 @@ def main() -> None:
         times = triton_host_overhead(device, args.model_size, args.reps, args.warmup)
         stem, table = f"bench_optimizer_overhead_{device.type}", overhead_table(times, device)
         title = f"MARS.step (Triton backend) beside its kernels alone, GPT-2 {args.model_size}"
-        versions = {"torch": torch.__version__, "triton": importlib.import_module("triton").__version__}
+        versions = {"triton": importlib.import_module("triton").__version__}
         if device.type == "cpu":
             title += ", kernels replaced by no-ops: the host's work alone"
             ratios = {}  # to no-op kernels: meaningless
@@ -257,31 +246,13 @@ def main() -> None:
         times = run(device, args.model_size, args.reps, args.warmup)
         stem, table = f"bench_optimizer_{device.type}", markdown_table(times)
         title = f"One optimizer step, GPT-2 {args.model_size}"
-        versions = {"torch": torch.__version__}
+        versions = {}
         ratios = {"ratio_vs_adamw_foreach": ratios_to(times, BASELINE)}
-    command = "python -m scripts.bench_optimizer " + shlex.join(sys.argv[1:])
-    record = {
-        "command": command,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": device_name(device),
-        **versions,
-        "model_size": args.model_size,
-        "num_params": num_params,
-        "reps": args.reps,
-        "warmup": args.warmup,
-        "median_ms": {label: statistics.median(ms) for label, ms in times.items()},
-        **ratios,
-        "min_ms": {label: min(ms) for label, ms in times.items()},
-        "all_ms": times,
-    }
-    software = ", ".join(f"{name} {version}" for name, version in versions.items())
-    header = (f"# {title} ({num_params / 1e6:.1f}M params)\n\n"
-              f"{record['device']}, {software}, {record['date']}\n\n`{command}`\n\n")
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / f"{stem}.md").write_text(header + table + "\n")
-    (args.output_dir / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
-    print(table)
-
+    record = run_record("bench_optimizer", None, device, **versions, model_size=args.model_size,
+                        num_params=num_params, reps=args.reps, warmup=args.warmup,
+                        median_ms={label: statistics.median(ms) for label, ms in times.items()}, **ratios,
+                        min_ms={label: min(ms) for label, ms in times.items()}, all_ms=times)
+    write_report(args.output_dir, stem, f"{title} ({num_params / 1e6:.1f}M params)", record, table)
 
 if __name__ == "__main__":
     main()

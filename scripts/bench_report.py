@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from scripts.bench_optimizer import device_name
+from training.provenance import device_name
 
 
 def run_record(script: str, argv: list[str] | None, device: torch.device, **fields: Any) -> dict[str, Any]:
@@ -20,12 +20,16 @@ def run_record(script: str, argv: list[str] | None, device: torch.device, **fiel
             "device": device_name(device), "torch": torch.__version__, **fields}
 
 
-def write_report(output_dir: Path, stem: str, title: str, record: dict[str, Any], table: str) -> None:
-    """Print ``table`` under ``title`` and the record's device, torch version, date and command, and write that to
-    ``<output_dir>/<stem>.md`` and ``record`` to ``<stem>.json``."""
-    header = (f"# {title}\n\n{record['device']}, torch {record['torch']}, {record['date']}\n\n"
-              f"`{record['command']}`\n\n")
-    print(header + table)
-    output_dir.mkdir(parents=True, exist_ok=True)
+SOFTWARE = ("torch", "triton")  # the versions a report's header names, where its record has them
+
+
+def write_report(output_dir: Path, stem: str, title: str, record: dict[str, Any], table: str, notes: str = "") -> None:
+    """Write ``table`` under ``title``, the record's device, software versions, date and command, and ``notes``
+    (what the figures mean) to ``<output_dir>/<stem>.md`` and ``record`` to ``<stem>.json``, then print the former."""
+    software = ", ".join(f"{name} {record[name]}" for name in SOFTWARE if name in record)
+    header = (f"# {title}\n\n{record['device']}, {software}, {record['date']}\n\n`{record['command']}`\n\n"
+              + (f"{notes}\n\n" if notes else ""))
+    output_dir.mkdir(parents=True, exist_ok=True)  # the files first: a closed stdout (``| head``) loses nothing
     (output_dir / f"{stem}.md").write_text(header + table + "\n")
     (output_dir / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(header + table)

@@ -15,10 +15,7 @@ come from that. Writes a markdown table and JSON to ``results/bench_train_<devic
 one run (ratios), not runs of different days.
 """
 import argparse
-import datetime
-import json
 import resource
-import shlex
 import statistics
 import sys
 import time
@@ -32,7 +29,7 @@ from configs.compose import compose_config
 from configs.schema import COMPILE_MODES, Precision
 from data.loader import build_batches
 from model import GPT, GPTConfig
-from scripts.bench_optimizer import device_name
+from scripts.bench_report import run_record, write_report
 from training.optimizers import build_optimizer
 from training.runtime import autocast_context, peak_flops, resolve_dtype
 
@@ -202,21 +199,13 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(bench_optimizer(optimizer_label, loss_chunk_size, args, device, compile_mode))
                 print(f"{rows[-1]['label']}: {rows[-1]['step_ms']:.1f} ms/step", file=sys.stderr)
     table = markdown_table(rows, device)
-    command = "python -m scripts.bench_train " + shlex.join(argv if argv is not None else sys.argv[1:])
-    record = {"command": command, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "device": device_name(device), "torch": torch.__version__, "model": args.model,
-              "batch_size": args.batch_size, "block_size": args.block_size, "dtype": args.dtype,
-              "compile": args.compile, "compile_modes": args.compile_modes,
-              "loss_chunk_sizes": args.loss_chunk_sizes, "steps": args.steps,
-              "warmup": args.warmup, "rows": rows}
-    header = (f"# Training step per optimizer, {args.model}, {args.batch_size} x {args.block_size} tokens\n\n"
-              f"{record['device']}, torch {torch.__version__}, {record['date']}\n\n`{command}`\n\n")
-    print(header + table)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.output_dir / (f"bench_train_{device.type}" + (f"_{args.tag}" if args.tag else ""))
-    stem.with_suffix(".md").write_text(header + table + "\n")
-    stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-
+    record = run_record("bench_train", argv, device, model=args.model, batch_size=args.batch_size,
+                        block_size=args.block_size, dtype=args.dtype, compile=args.compile,
+                        compile_modes=args.compile_modes, loss_chunk_sizes=args.loss_chunk_sizes, steps=args.steps,
+                        warmup=args.warmup, rows=rows)
+    write_report(args.output_dir, f"bench_train_{device.type}" + (f"_{args.tag}" if args.tag else ""),
+                 f"Training step per optimizer, {args.model}, {args.batch_size} x {args.block_size} tokens", record,
+                 table)
 
 if __name__ == "__main__":
     main()

@@ -10,10 +10,7 @@ path, with float32 parameters, gradients and state. A time is the median of CUDA
 Writes ``results/bench_triton_kernel_<gpu>.{md,json}``.
 """
 import argparse
-import datetime
-import json
 import re
-import shlex
 import sys
 from pathlib import Path
 
@@ -22,7 +19,8 @@ import triton
 from triton.testing import do_bench
 
 from mars import torch_backend, triton_backend
-from scripts.bench_optimizer import MODEL_SIZES, device_name, gpt2_shapes, make_params
+from scripts.bench_optimizer import MODEL_SIZES, gpt2_shapes, make_params
+from scripts.bench_report import run_record, write_report
 
 # Bytes each path moves per parameter element, float32 throughout.
 BYTES_PER_ELEMENT = {
@@ -132,27 +130,11 @@ def main() -> None:
         results[model_size] = {"num_params": num_params, "rows": rows}
         torch.cuda.empty_cache()
 
-    command = "python -m scripts.bench_triton_kernel " + shlex.join(sys.argv[1:])
-    record = {
-        "command": command,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": device_name(device),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "copy_bandwidth_gb_per_s": bandwidth,
-        "bytes_per_element": BYTES_PER_ELEMENT,
-        "results": results,
-    }
-    table = markdown_table(results)
-    header = (f"# Triton MARS kernels vs the byte floor, one step, float32\n\n{record['device']}, torch "
-              f"{record['torch']}, triton {record['triton']}, {record['date']}; device-to-device copy "
-              f"{bandwidth:.0f} GB/s\n\n`{command}`\n\n")
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.output_dir / f"bench_triton_kernel_{re.sub(r'[^a-z0-9]+', '_', record['device'].lower())}"
-    stem.with_suffix(".md").write_text(header + table + "\n")
-    stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-    print(header + table)
-
+    record = run_record("bench_triton_kernel", None, device, triton=triton.__version__,
+                        copy_bandwidth_gb_per_s=bandwidth, bytes_per_element=BYTES_PER_ELEMENT, results=results)
+    write_report(args.output_dir, f"bench_triton_kernel_{re.sub(r'[^a-z0-9]+', '_', record['device'].lower())}",
+                 "Triton MARS kernels vs the byte floor, one step, float32", record, markdown_table(results),
+                 notes=f"Device-to-device copy: {bandwidth:.0f} GB/s.")
 
 if __name__ == "__main__":
     main()

@@ -41,6 +41,7 @@ from torch import nn
 
 from configs.compose import compose_config
 from configs.schema import LrSchedule
+from mars import reference, triton_backend
 from mars.optimizer import available_backends
 from model import GPT, GPTConfig
 from scripts.bench_report import run_record, write_report
@@ -390,9 +391,9 @@ def mars_variants() -> list[Variant]:
     CPU default); MARS-AdamW and -Lion also on the Triton one (the CUDA default); and amsgrad on the reference
     backend."""
     variants = []
-    for mars_type in ("mars-adamw", "mars-lion", "mars-shampoo"):
+    for mars_type in reference.MARS_TYPES:
         for scheme in ("approx", "exact"):
-            for backend in ("reference", "torch") + (("triton",) if mars_type != "mars-shampoo" else ()):
+            for backend in ("reference", "torch") + (("triton",) if mars_type in triton_backend.MARS_TYPES else ()):
                 variants.append(Variant(
                     f"{mars_type}-{scheme}-{backend}", f"owt-gpt2-small-50b-mars-{scheme}",
                     (f"optimizer.mars_type={mars_type}", f"optimizer.backend={backend}"),

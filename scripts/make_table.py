@@ -41,6 +41,7 @@ from scripts.runs import (Run, Setting, display_corpus, display_model, display_o
                           group_settings, optimizer_order, readable_runs, short_name, size_order, tokens_label,
                           unwritable_output, where_stopped)
 from scripts.target_loss import target_table
+from training.registry import OPTIMIZERS
 
 # Best validation loss on OpenWebText: Yuan et al., "MARS: Unleashing the Power of Variance Reduction for
 # Training Large Models", ICML 2025, arXiv 2411.10438, as tabulated in the README of AGI-Arena/MARS.
@@ -58,8 +59,9 @@ PAPER_VAL_LOSS = {
 PAPER_BUDGETS = frozenset(budget for _, _, budget in PAPER_VAL_LOSS)
 PAPER_CITATION = "Yuan et al., MARS, ICML 2025 (arXiv 2411.10438), via the AGI-Arena/MARS README"
 PRESET_DIR = Path(__file__).resolve().parents[1] / "configs" / "experiment"
+PAPER_ROWS = [label for entry in OPTIMIZERS.values() for label in entry.paper_rows]  # the optimizers the paper ran
 PRESET_NAME = re.compile(r"(?P<corpus>owt|fwe)-gpt2-(?P<model>small|medium|large|xl)-(?P<billions>\d+)b-"
-                         r"(?P<optimizer>adamw|muon|mars-approx|mars-exact)")
+                         rf"(?P<optimizer>{'|'.join(PAPER_ROWS)})")
 PRESET_CORPORA = {"owt": "openwebtext", "fwe": "fineweb-edu"}
 MISSING = "–"
 STOPPED = "*"  # marks a figure that includes runs stopped before their max_iters
@@ -301,14 +303,14 @@ def labelled_settings(groups: dict[tuple, list[Setting]]) -> list[tuple[tuple, S
     return rows
 
 
-def make_table(runs: list[Run], target_loss: float | None = None, unreadable: list[str] = ()) -> str:
-    """The tables of ``runs``; ``unreadable`` says why each run directory that could not be read is left out."""
+def make_table(runs: list[Run], target_loss: float | None = None, left_out: list[str] = ()) -> str:
+    """The tables of ``runs``, and a list of the run directories ``left_out`` (one note each)."""
     groups = group_settings(runs)
     if not groups:
         raise ValueError("no runs found: nothing to tabulate")
     target = [] if target_loss is None else target_table(labelled_settings(groups), target_loss)
-    skipped = ["Run directories left out, unreadable: " + "; ".join(unreadable) + ".", ""] if unreadable else []
-    return "\n".join(paper_layout(groups) + settings_table(groups) + target + skipped
+    older = ["Run directories left out:", "", *(f"- {note}" for note in left_out), ""] if left_out else []
+    return "\n".join(paper_layout(groups) + settings_table(groups) + target + older
                      + [f"Paper numbers: {PAPER_CITATION}.", ""])
 
 
@@ -333,9 +335,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         run_dirs = find_run_dirs(args.runs)
-        runs, unreadable = readable_runs(run_dirs)
+        runs, left_out = readable_runs(run_dirs)
         runs += [run for path in args.wandb_csv for run in load_wandb_csv(path)]
-        table = make_table(runs, args.target_loss, unreadable)
+        table = make_table(runs, args.target_loss, left_out)
         out = args.out or default_out([*run_dirs, *args.wandb_csv])
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None

@@ -37,8 +37,10 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from configs.schema import OPTIMIZER_SCHEMAS, DataConfig, ModelConfig, TrainConfig, register_configs
+from configs.models import GPT2_SHAPES
+from configs.schema import DataConfig, ModelConfig, TrainConfig, register_configs
 from training.metrics import METRICS_FILE, read_metrics
+from training.registry import OPTIMIZERS
 from training.resume import flat_items
 # What train.py writes into a run that was refused, diverged or failed otherwise: {kind, reason, step, overrides, time}.
 from training.sweep import FAILURE_FILE
@@ -47,16 +49,11 @@ log = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 UNKNOWN = "unknown"  # the corpus, model and optimizer of a failed point whose overrides no longer compose
-MODEL_SIZES = {(12, 12, 768): "small", (24, 16, 1024): "medium", (36, 20, 1280): "large", (48, 25, 1600): "xl"}
-SIZE_ORDER = ("small", "medium", "large", "xl")
+MODEL_SIZES = {shape: size for size, shape in GPT2_SHAPES.items()}
+SIZE_ORDER = tuple(GPT2_SHAPES)
 CORPUS_NAMES = {"openwebtext": "OpenWebText", "fineweb-edu": "FineWeb-Edu", "embedded": "Shakespeare (embedded)"}
-OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon", "mars-exact": "MARS-exact", "mars-approx": "MARS-approx",
-                   "mars-lion-approx": "MARS-Lion", "mars-lion-exact": "MARS-Lion-exact",
-                   "mars-shampoo-approx": "MARS-Shampoo", "mars-shampoo-exact": "MARS-Shampoo-exact",
-                   "moonlight": "Moonlight", "mars-m-approx": "MARS-M", "mars-m-exact": "MARS-M-exact",
-                   "mars-m-efficient": "MARS-M-efficient"}
-# Optimizer keys whose default changed when they joined the schema: a run saved before ran the old behaviour.
-RAN_BEFORE_THE_KEY_EXISTED = {"muon": {"adamw_variant": "torch", "update_dtype": "float32"}}
+# Each optimizer label's display name, in the tables' order.
+OPTIMIZER_NAMES = {label: name for entry in OPTIMIZERS.values() for label, name in entry.labels.items()}
 # The training settings that change what a run computes, or the figure the table reads off it (the best of
 # evaluations every eval_interval steps, each over eval_iters batches, on fixed or fresh windows); the rest
 # (seed, device, paths, logging) do not.
@@ -186,14 +183,9 @@ def model_label(model_cfg) -> str:
 
 
 def optimizer_label(optimizer_cfg) -> str:
-    if optimizer_cfg["name"] == "mars-m":
-        if optimizer_cfg.get("memory_efficient"):
-            return "mars-m-efficient"
-        return f"mars-m-{'approx' if optimizer_cfg['is_approx'] else 'exact'}"
-    if optimizer_cfg["name"] != "mars":
-        return optimizer_cfg["name"]
-    variant = "mars" if optimizer_cfg["mars_type"] == "mars-adamw" else optimizer_cfg["mars_type"]
-    return f"{variant}-{'approx' if optimizer_cfg['is_approx'] else 'exact'}"
+    """The optimizer's label (``mars-approx``); an optimizer this version does not know keeps its name."""
+    entry = OPTIMIZERS.get(optimizer_cfg["name"])
+    return entry.label(optimizer_cfg) if entry else optimizer_cfg["name"]
 
 
 def nominal_tokens(tokens: float) -> float:
@@ -301,15 +293,15 @@ def labelled_run(run_dir: Path, cfg: dict, records: list[dict], failure: dict | 
     # A run that logged no training step (it failed or stopped before) has the config's on one process.
     tokens_per_step = step["tokens"] / step["step"] if step else configured_tokens_per_step(cfg["train"])
     budget = cfg["train"]["max_iters"] * tokens_per_step
+    check_written_by_this_version(run_dir, cfg["optimizer"])
     # Keys a run saved before they joined the schema ran at their default: fill them in, so that such runs and
     # later ones at the default count as one setting.
     train_defaults = schema_defaults(TrainConfig)
-    optimizer_cfg = {**RAN_BEFORE_THE_KEY_EXISTED.get(cfg["optimizer"]["name"], {}), **cfg["optimizer"]}
     corpus = corpus_of(cfg["data"])
     # The corpus stands for data.name and data.dir: its shard directory tells a custom corpus, not a named one.
     data_cfg = {**schema_defaults(DataConfig), **cfg["data"], "name": corpus}
     setting = {"model": {**schema_defaults(ModelConfig), **cfg["model"]},
-               "optimizer": without_defaults(optimizer_cfg),
+               "optimizer": without_defaults(cfg["optimizer"]),
                "data": {key: value for key, value in data_cfg.items() if key != "dir"},
                "train": {key: cfg["train"].get(key, train_defaults.get(key)) for key in SETTING_KEYS},
                "tokens_per_step": tokens_per_step}
@@ -332,6 +324,37 @@ def labelled_run(run_dir: Path, cfg: dict, records: list[dict], failure: dict | 
                config=cfg, data=launches[0]["data"] if launches else None,
                code=[code_label(r["launch"]) for r in records if "launch" in r], failure=failure,
                modified=last_modified(run_dir))
+
+
+class OlderVersionRun(ValueError):
+    """A run directory that an older version of this project wrote: what it ran is not known for certain."""
+
+
+def check_written_by_this_version(run_dir: Path, optimizer_cfg: dict) -> None:
+    """Raise :class:`OlderVersionRun` if the run's saved optimizer config lacks keys of its schema: an older version
+    wrote it, and the values it ran for them (not always today's defaults) are unknown."""
+    entry = OPTIMIZERS.get(optimizer_cfg["name"])
+    missing = [f.name for f in dataclasses.fields(entry.schema) if f.name not in optimizer_cfg] if entry else []
+    if missing:
+        raise OlderVersionRun(f"{run_dir}: left out, written by an older version of this project (its optimizer "
+                              f"config has no {', '.join(missing)}): train it again to tabulate it")
+
+
+def readable_runs(run_dirs: list[Path]) -> tuple[list[Run], list[str]]:
+    """The runs in ``run_dirs``, and one note for each directory left out (each also logged as a warning): one
+    that cannot be read, naming its file (one broken directory among a hundred runs is not the end of the table),
+    or one an older version wrote."""
+    runs, left_out = [], []
+    for run_dir in run_dirs:
+        try:
+            runs.append(load_run(run_dir))
+        except UnreadableRun as err:
+            log.warning("warning: skipping %s: %s", run_dir, err)
+            left_out.append(f"{run_dir}: unreadable, {err}")
+        except OlderVersionRun as err:
+            log.warning("%s", err)
+            left_out.append(str(err))
+    return runs, left_out
 
 
 def last_modified(run_dir: Path) -> float:
@@ -419,26 +442,21 @@ def schema_defaults(schema: type) -> dict:
     return defaults
 
 
-# Optimizer keys that do not change what a run computes: how Newton-Schulz is launched (the same kernels), and
-# Newton-Schulz's settings in MARS variants that never run it.
+# Optimizer keys that do not change what a run computes: how Newton-Schulz is launched (the same kernels).
 NO_EFFECT_KEYS = ("ns_cuda_graph",)
-NEWTON_SCHULZ_KEYS = ("ns_dtype", "ns_form")
 
 
 def without_defaults(optimizer_cfg: dict) -> dict:
     """The optimizer settings that differ from the schema's defaults, without those that change nothing.
 
-    A run made before a key joined the schema has no such key; one made after has it at its default. Both ran
-    the same thing, and must count as one setting (as seeds of each other). Likewise a MARS-AdamW run saved
-    with another ``ns_dtype`` (its default changed once) ran the same thing: only mars-shampoo reads it.
+    A MARS-AdamW run saved with another ``ns_dtype`` (its default changed once) ran the same thing as one at the
+    default: it never runs Newton-Schulz (``OptimizerEntry.unread_keys``).
     """
-    schema = OPTIMIZER_SCHEMAS.get(optimizer_cfg.get("name"))
-    if schema is None:
+    entry = OPTIMIZERS.get(optimizer_cfg.get("name"))
+    if entry is None:
         return optimizer_cfg
-    defaults = {f.name: f.default for f in dataclasses.fields(schema) if f.default is not dataclasses.MISSING}
-    ignored = NO_EFFECT_KEYS
-    if optimizer_cfg.get("name") == "mars" and optimizer_cfg.get("mars_type", "mars-adamw") != "mars-shampoo":
-        ignored += NEWTON_SCHULZ_KEYS
+    defaults = {f.name: f.default for f in dataclasses.fields(entry.schema) if f.default is not dataclasses.MISSING}
+    ignored = NO_EFFECT_KEYS + entry.unread_keys(optimizer_cfg)
     return {key: value for key, value in optimizer_cfg.items()
             if key not in ignored and (key not in defaults or value != as_yaml(defaults[key]))}
 
@@ -479,21 +497,8 @@ def matching_paths(pattern: str) -> list[str]:
 
 
 def load_runs(patterns: list[str]) -> list[Run]:
-    """The readable runs that ``patterns`` match (the others are skipped with a warning)."""
+    """The runs in the directories ``patterns`` match, but those left out (each named in a warning)."""
     return readable_runs(find_run_dirs(patterns))[0]
-
-
-def readable_runs(run_dirs: list[Path]) -> tuple[list[Run], list[str]]:
-    """The runs of ``run_dirs``, and why each of the others cannot be read: one broken directory among a hundred
-    runs is skipped with a warning naming its file, not the end of the table."""
-    runs, unreadable = [], []
-    for run_dir in run_dirs:
-        try:
-            runs.append(load_run(run_dir))
-        except UnreadableRun as err:
-            log.warning("warning: skipping %s: %s", run_dir, err)
-            unreadable.append(f"{err}")
-    return runs, unreadable
 
 
 @dataclass

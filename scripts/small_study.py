@@ -61,11 +61,13 @@ class Optimizer:
     lrs: tuple[float, ...]
     # Learning rates that follow the swept one at a fixed ratio: (key, ratio) sets key = ratio x lr.
     scaled_lrs: tuple[tuple[str, float], ...] = ()
+    sweeps_gamma: bool = False  # phase "gamma" runs it at its best lr with each of GAMMAS
 
 
 OPTIMIZERS = (
     Optimizer("adamw", ("optimizer=adamw",), (1e-3, 3e-3, 1e-2)),
-    Optimizer("mars-approx", ("optimizer=mars-adamw",), (3e-3, 1e-2, 3e-2), (("optimizer.lr_1d", 0.5),)),
+    Optimizer("mars-approx", ("optimizer=mars-adamw",), (3e-3, 1e-2, 3e-2), (("optimizer.lr_1d", 0.5),),
+              sweeps_gamma=True),
     Optimizer("mars-exact", ("optimizer=mars-adamw", "optimizer.is_approx=false"), (3e-3, 1e-2, 3e-2),
               (("optimizer.lr_1d", 0.5),)),
     Optimizer("mars-lion", ("optimizer=mars-lion",), (1e-4, 3e-4, 1e-3), (("optimizer.lr_1d", 1.0),)),
@@ -179,11 +181,12 @@ def phase_jobs(phase: str, out: Path, optimizers: tuple[Optimizer, ...] = OPTIMI
                     jobs.update({run_name(o, lr, seed): overrides(o, lr, seed) for seed in SEEDS})
         return jobs
     if phase == "gamma":
-        mars = next((o for o in optimizers if o.name == "mars-approx"), None)
-        if mars is None:
-            return {}
-        lr = best_lr(mars, out)
-        return {run_name(mars, lr, seed, g): overrides(mars, lr, seed, g) for g in GAMMAS for seed in (None, *SEEDS)}
+        jobs = {}
+        for o in (o for o in optimizers if o.sweeps_gamma):
+            lr = best_lr(o, out)
+            jobs.update({run_name(o, lr, seed, g): overrides(o, lr, seed, g)
+                         for g in GAMMAS for seed in (None, *SEEDS)})
+        return jobs
     raise ValueError(f"unknown phase {phase!r}")
 
 

@@ -82,7 +82,12 @@ def library_versions() -> dict:
 
 
 def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    """The GPU's name, or the CPU's model and the threads torch uses: what a run or a measurement ran on."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    with open("/proc/cpuinfo") as cpuinfo:
+        model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "")
+    return f"{model or platform.processor()} ({torch.get_num_threads()} threads)"
 
 
 def imported_source(root: Path = PROJECT_ROOT) -> dict[str, str]:

@@ -4,6 +4,8 @@ import logging
 
 import torch
 
+from training.registry import OPTIMIZERS
+
 log = logging.getLogger("train")
 
 # Keys whose change leaves the checkpoint's weights or optimizer state without meaning, and why.
@@ -17,12 +19,8 @@ STATE_DEFINING_KEYS = {
     "model.activation": "what the trained weights compute",
     "model.scale_attn_by_inverse_layer_idx": "what the trained weights compute",
     "optimizer.name": "the optimizer and its state",
-    "optimizer.mars_type": "the MARS variant and its state",
-    "optimizer.is_approx": "the MARS scheme (exact or approximate) and its remembered gradients",
-    "optimizer.amsgrad": "the optimizer's state (the running maximum of the second moment)",
-    "optimizer.optimize_1d": "which rule, and which state, the 1-D tensors have",
     "optimizer.decay_embeddings": "the optimizer's parameter groups",
-    "optimizer.memory_efficient": "the MARS-M variant and its state",
+    **{f"optimizer.{key}": why for entry in OPTIMIZERS.values() for key, why in entry.state_keys.items()},
 }
 # Keys that only say how this launch resumes: not a change of the run's settings.
 LAUNCH_KEYS = {"train.resume", "train.overwrite", "train.distributed_timeout_s"}

@@ -1,7 +1,7 @@
 """Learning-rate schedules: warmup, then cosine, linear, constant or warmup-stable-decay down to min_lr."""
 import math
 
-from configs.schema import LrSchedule
+from configs.schema import OPTIMIZER_SCHEMAS, LrSchedule
 
 
 def learning_rate(step: int, *, peak_lr: float, min_lr: float, warmup_iters: int, decay_iters: int,
@@ -32,28 +32,29 @@ def set_learning_rate(optimizer, lr: float, peak_lr: float) -> None:
         group["lr"] = group["peak_lr"] * lr / peak_lr
 
 
-def set_adamw_part_lr(optimizer, adamw_lr: float, lr: float) -> None:
-    """Muon: give the AdamW part (non-2-D tensors) the learning rate ``adamw_lr`` while Muon's is ``lr``.
+def set_part_lr(optimizer, key: str, part_lr: float, lr: float) -> None:
+    """Give the part of ``optimizer`` whose peak is ``optimizer.<key>`` (Muon's AdamW part: ``adamw_lr``) the
+    learning rate ``part_lr`` while the optimizer's own is ``lr``.
 
     The MARS authors schedule Muon's and AdamW's learning rates separately, each from its own peak to the same
-    min_lr; Muon applies its AdamW part at ``group['lr'] * adamw_lr_ratio``, so the ratio follows the two
-    schedules. At lr = 0 (the first warmup step) the ratio is kept: both parts stand still anyway.
+    min_lr; Muon applies its AdamW part at ``group['lr'] * group['adamw_lr_ratio']``, so the ratio follows the
+    two schedules. At lr = 0 (the first warmup step) the ratio is kept: both parts stand still anyway.
     """
     if lr <= 0.0:
         return
     for group in optimizer.param_groups:
-        if "adamw_lr_ratio" in group:
-            group["adamw_lr_ratio"] = adamw_lr / lr
+        if f"{key}_ratio" in group:
+            group[f"{key}_ratio"] = part_lr / lr
 
 
 def apply_schedule(optimizer, step: int, schedule: dict, optimizer_cfg) -> float:
     """Set every learning rate of ``optimizer`` for ``step``; returns the configured optimizer's (``lr``) one.
 
     ``schedule``: the keyword arguments of :func:`learning_rate` but ``peak_lr``, which is ``optimizer_cfg.lr``
-    (and ``optimizer_cfg.adamw_lr`` for Muon's AdamW part).
+    (and, for each part the optimizer's schema names in ``part_lrs``, that part's own peak).
     """
     lr = learning_rate(step, peak_lr=optimizer_cfg.lr, **schedule)
     set_learning_rate(optimizer, lr, optimizer_cfg.lr)
-    if optimizer_cfg.name == "muon":
-        set_adamw_part_lr(optimizer, learning_rate(step, peak_lr=optimizer_cfg.adamw_lr, **schedule), lr)
+    for key in OPTIMIZER_SCHEMAS[optimizer_cfg.name].part_lrs:
+        set_part_lr(optimizer, key, learning_rate(step, peak_lr=optimizer_cfg[key], **schedule), lr)
     return lr

@@ -4,7 +4,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from configs.schema import ConfigError, register_configs, validate
+from configs.schema import ConfigError, lr_decay_end, register_configs, validate
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 register_configs()
@@ -112,3 +112,22 @@ def test_a_muon_key_is_unknown_to_mars():
     with pytest.raises(ConfigError, match=r"unknown config key optimizer\.adamw_lr"):
         validate(load("optimizer=mars-adamw", "+optimizer.adamw_lr=1e-3"))
     validate(load("optimizer=muon", "optimizer.adamw_lr=1e-3"))
+
+
+def test_the_lr_decay_ends_at_decay_iters_or_else_max_iters_in_a_config_and_in_a_saved_one():
+    assert lr_decay_end(load("train.max_iters=100").train) == 100
+    assert lr_decay_end(load("train.max_iters=100", "train.decay_iters=80").train) == 80
+    assert lr_decay_end({"max_iters": 100, "decay_iters": None}) == 100  # as a checkpoint saves the config
+    with pytest.raises(ConfigError, match=r"train\.decay_iters \(100\) <= train\.warmup_iters \(100\)"):
+        validate(load("train.max_iters=200", "train.warmup_iters=100", "train.decay_iters=100"))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.n_layer=0", r"model\.n_layer must be positive, got 0"),
+    ("model.n_head=3", r"model\.n_head \(3\) must divide n_embd \(128\)"),
+    ("model.dropout=1.0", r"model\.dropout must be in \[0, 1\), got 1\.0"),
+    ("model.activation=relu", r"model\.activation must be one of gelu, gelu_tanh, got 'relu'"),
+])
+def test_the_schema_refuses_a_model_with_the_models_own_checks(override, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(load(override))

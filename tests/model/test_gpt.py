@@ -158,3 +158,12 @@ def test_gelu_tanh_is_the_authors_activation_and_differs_from_exact_gelu():
 def test_unknown_activation_is_refused_naming_the_choices():
     with pytest.raises(ValueError, match="activation must be one of gelu, gelu_tanh"):
         GPTConfig(activation="relu")
+
+
+@pytest.mark.parametrize("field, value, message", [("n_layer", 0, "n_layer must be positive"),
+                                                   ("vocab_size", -1, "vocab_size must be positive"),
+                                                   ("dropout", 1.0, r"dropout must be in \[0, 1\)"),
+                                                   ("n_head", 5, r"n_head \(5\) must divide n_embd \(768\)")])
+def test_a_shape_no_model_can_have_is_refused_by_the_config_itself(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(**{field: value})

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.provenance import (DifferentCodeOnRanks, check_same_code, checkout_commit, code_version,
+from training.provenance import (DifferentCodeOnRanks, check_same_code, checkout_commit, code_version, device_name,
                                  describe_launch, launch_record, rank_code)
 
 GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "init.defaultBranch=main"]
@@ -55,7 +55,8 @@ def test_a_clean_launch_writes_no_patch(checkout, tmp_path):
     code = code_version(checkout)
     launch = launch_record(tmp_path / "run", 0, code, [rank_code(code)] * 2, torch.device("cpu"))
     assert launch["patch"] is None and not (tmp_path / "run").exists()
-    assert launch["world_size"] == 2 and len(launch["hosts"]) == 1 and launch["device"] == "cpu"
+    assert launch["world_size"] == 2 and len(launch["hosts"]) == 1
+    assert launch["device"] == device_name(torch.device("cpu")) and launch["device"].endswith(" threads)")
     assert describe_launch(launch).startswith(f"code {code['commit'][:12]} | python ")
 
 

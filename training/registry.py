@@ -1,0 +1,215 @@
+"""Every optimizer the harness runs, named once: its config schema, how it is built, how the model's parameters
+are grouped for it, what a resume may not change, and how the tables and figures name it.
+
+Adding an optimizer: its update rule in ``mars/``, its config dataclass in ``configs/schema.py`` (a subclass of
+``OptimizerConfig``), one ``OptimizerEntry`` in ``OPTIMIZERS`` below (with the function that builds it), one YAML in
+``configs/optimizer/``, and its tests. Nothing else reads an optimizer's name.
+"""
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from configs.schema import AdamWConfig, MarsConfig, MarsMConfig, MoonlightConfig, MuonConfig
+
+log = logging.getLogger("train")
+
+
+def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool) -> list[dict]:
+    """nanoGPT's grouping: weight decay on >=2-D weights; none on biases, norms and other 1-D tensors.
+
+    With ``decay_embeddings=False`` the embedding tables join the no-decay group, as in the MARS authors'
+    trainer. (MARS applies its own ``weight_decay_1d`` to 1-D tensors whatever their group says.)
+    """
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay = [], []
+    for param in model.parameters():  # yields tied weights once
+        if not param.requires_grad:
+            continue
+        decayed = param.dim() >= 2 and (decay_embeddings or id(param) not in embeddings)
+        (decay if decayed else no_decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+# Parameter names the MARS-M authors keep out of the matrix rule (MARS_M/train_mars_m.py:212-219): embeddings and
+# the head, which is tied to the token embedding here.
+EMBEDDING_NAMES = ("wte", "wpe", "lm_head", "embed_tokens")
+
+
+def matrix_rule_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """MARS-M's and Moonlight's grouping: 2-D weights other than embeddings take the matrix rule, the rest
+    AdamW; every tensor decays at ``weight_decay``, as the authors' optimizers apply one ``wd`` to both."""
+    matrices, others = [], []
+    for name, param in model.named_parameters():  # yields tied weights once
+        if not param.requires_grad:
+            continue
+        matrix = param.dim() == 2 and not any(part in name for part in EMBEDDING_NAMES)
+        (matrices if matrix else others).append(param)
+    return [{"params": matrices, "matrix_rule": True, "weight_decay": weight_decay},
+            {"params": others, "matrix_rule": False, "weight_decay": weight_decay}]
+
+
+NEWTON_SCHULZ_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def newton_schulz_dtype(name: str, key: str = "ns_dtype", device: torch.device | None = None,
+                        runs: bool = True) -> torch.dtype:
+    """The dtype that ``optimizer.<key>`` names: Newton-Schulz's, or that of Muon's updates (same choices).
+
+    ``auto`` (Newton-Schulz only) is the authors' bfloat16 on CUDA and float32 elsewhere: CPUs without bfloat16
+    matrix units run bfloat16 products ~10x slower than float32 ones (results/bench_newton_schulz_cpu.md). The
+    choice is logged when the optimizer ``runs`` Newton-Schulz (MARS-AdamW and MARS-Lion never do).
+    """
+    if name == "auto" and device is not None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        if runs:
+            log.info("Newton-Schulz in %s on %s (optimizer.%s=auto)", str(dtype).removeprefix("torch."),
+                     device.type, key)
+        return dtype
+    if name not in NEWTON_SCHULZ_DTYPES:
+        choices = sorted(NEWTON_SCHULZ_DTYPES) + (["auto"] if device is not None else [])
+        raise ValueError(f"optimizer.{key} must be one of {choices}, got {name!r}")
+    return NEWTON_SCHULZ_DTYPES[name]
+
+
+Arguments = tuple[type[torch.optim.Optimizer], dict]
+
+
+@dataclass(frozen=True)
+class OptimizerEntry:
+    """What the harness knows of one optimizer; ``cfg`` below is its ``optimizer`` config section (a DictConfig,
+    or a saved run's dict)."""
+
+    schema: type  # its config dataclass in configs/schema.py; ``schema.name`` is the optimizer's name
+    # The optimizer class and its constructor arguments but the parameters, for parameters on a device.
+    arguments: Callable[[Mapping, torch.device], Arguments]
+    # A run's label in tables and figures (one per variant it runs) -> the name the table shows, in table order.
+    labels: dict[str, str]
+    # The label of a run of this config; by default its name.
+    label: Callable[[Mapping], str] = lambda cfg: cfg["name"]
+    # The model's parameters as its param groups; by default nanoGPT's grouping.
+    groups: Callable[[nn.Module, Mapping], list[dict]] = (
+        lambda model, cfg: param_groups(model, cfg["weight_decay"], cfg["decay_embeddings"]))
+    # Whether it orthogonalises updates with Newton-Schulz (then DDP ranks share that work out).
+    orthogonalises: Callable[[Mapping], bool] = lambda cfg: False
+    # Its config keys whose change on resume leaves the checkpoint's state without meaning, and why.
+    state_keys: dict[str, str] = field(default_factory=dict)
+    # Its config keys that a config of this kind never reads (a run differing only there ran the same thing).
+    unread_keys: Callable[[Mapping], tuple[str, ...]] = lambda cfg: ()
+    # The labels the MARS paper's table has rows for (scripts/make_table.py compares them with the paper).
+    paper_rows: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.schema.name
+
+
+def adamw_arguments(cfg, device: torch.device) -> Arguments:
+    # The fused kernel is the fastest AdamW on CUDA and on the CPU alike (results/bench_optimizer_cpu.md).
+    return torch.optim.AdamW, dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=True)
+
+
+def mars_runs_newton_schulz(cfg) -> bool:
+    return cfg["mars_type"] == "mars-shampoo"
+
+
+def mars_arguments(cfg, device: torch.device) -> Arguments:
+    from mars import MARS
+    from mars.optimizer import triton_interpreter_enabled
+
+    if cfg.backend == "triton" and device.type != "cuda" and not triton_interpreter_enabled():
+        raise ValueError(f"optimizer.backend=triton needs a CUDA device, and the run is on {device}: use "
+                         "optimizer.backend=auto (Triton on CUDA, PyTorch elsewhere) or torch")
+    return MARS, dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
+                      amsgrad=cfg.amsgrad, gamma=cfg.gamma, is_approx=cfg.is_approx, mars_type=cfg.mars_type,
+                      optimize_1d=cfg.optimize_1d, lr_1d=cfg.lr_1d, betas_1d=tuple(cfg.betas_1d),
+                      weight_decay_1d=cfg.weight_decay_1d, backend=cfg.backend,
+                      ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device, runs=mars_runs_newton_schulz(cfg)),
+                      ns_form=cfg.ns_form, ns_cuda_graph=cfg.ns_cuda_graph)
+
+
+def mars_label(cfg) -> str:
+    """mars-approx, mars-exact, mars-lion-approx, mars-shampoo-exact, ..."""
+    variant = "mars" if cfg["mars_type"] == "mars-adamw" else cfg["mars_type"]
+    return f"{variant}-{'approx' if cfg['is_approx'] else 'exact'}"
+
+
+def muon_arguments(cfg, device: torch.device) -> Arguments:
+    from mars import Muon
+
+    return Muon, dict(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, ns_steps=cfg.ns_steps,
+                      weight_decay=cfg.weight_decay, adamw_lr=cfg.adamw_lr, adamw_betas=tuple(cfg.adamw_betas),
+                      adamw_eps=cfg.adamw_eps, adamw_weight_decay=cfg.adamw_weight_decay,
+                      ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device), adamw_variant=cfg.adamw_variant,
+                      update_dtype=newton_schulz_dtype(cfg.update_dtype, key="update_dtype"),
+                      ns_form=cfg.ns_form, ns_cuda_graph=cfg.ns_cuda_graph)
+
+
+def matrix_rule_arguments(cfg, device: torch.device) -> dict:
+    """The arguments MARS-M and Moonlight share."""
+    return dict(lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, ns_steps=cfg.ns_steps,
+                adamw_betas=tuple(cfg.adamw_betas), adamw_eps=cfg.adamw_eps,
+                ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device), ns_form=cfg.ns_form,
+                ns_cuda_graph=cfg.ns_cuda_graph)
+
+
+def mars_m_arguments(cfg, device: torch.device) -> Arguments:
+    from mars import MarsM, MarsMEfficient
+
+    arguments = matrix_rule_arguments(cfg, device)
+    if cfg.memory_efficient:
+        if not cfg.is_approx:
+            raise ValueError("optimizer.memory_efficient=true has the approximate scheme only: set "
+                             "optimizer.is_approx=true, or memory_efficient=false for the exact scheme")
+        return MarsMEfficient, dict(arguments, gamma=cfg.gamma)
+    return MarsM, dict(arguments, gamma=cfg.gamma, clip_c=cfg.clip_c, is_approx=cfg.is_approx)
+
+
+def mars_m_label(cfg) -> str:
+    if cfg.get("memory_efficient"):
+        return "mars-m-efficient"
+    return f"mars-m-{'approx' if cfg['is_approx'] else 'exact'}"
+
+
+def moonlight_arguments(cfg, device: torch.device) -> Arguments:
+    from mars import Moonlight
+
+    return Moonlight, dict(matrix_rule_arguments(cfg, device), nesterov=cfg.nesterov)
+
+
+IS_APPROX = {"is_approx": "the MARS scheme (exact or approximate) and its remembered gradients"}
+
+# In the tables' order: the paper's baselines, MARS, then the second paper's (MARS-M) optimizers.
+OPTIMIZERS: dict[str, OptimizerEntry] = {entry.name: entry for entry in (
+    OptimizerEntry(AdamWConfig, adamw_arguments, labels={"adamw": "AdamW"}, paper_rows=("adamw",)),
+    OptimizerEntry(MuonConfig, muon_arguments, labels={"muon": "Muon"}, orthogonalises=lambda cfg: True,
+                   paper_rows=("muon",)),
+    OptimizerEntry(
+        MarsConfig, mars_arguments, label=mars_label, orthogonalises=mars_runs_newton_schulz,
+        labels={"mars-exact": "MARS-exact", "mars-approx": "MARS-approx", "mars-lion-approx": "MARS-Lion",
+                "mars-lion-exact": "MARS-Lion-exact", "mars-shampoo-approx": "MARS-Shampoo",
+                "mars-shampoo-exact": "MARS-Shampoo-exact"},
+        state_keys={"mars_type": "the MARS variant and its state", **IS_APPROX,
+                    "amsgrad": "the optimizer's state (the running maximum of the second moment)",
+                    "optimize_1d": "which rule, and which state, the 1-D tensors have"},
+        unread_keys=lambda cfg: () if mars_runs_newton_schulz(cfg) else ("ns_dtype", "ns_form"),
+        paper_rows=("mars-exact", "mars-approx")),
+    OptimizerEntry(MoonlightConfig, moonlight_arguments, labels={"moonlight": "Moonlight"},
+                   groups=lambda model, cfg: matrix_rule_groups(model, cfg["weight_decay"]),
+                   orthogonalises=lambda cfg: True),
+    OptimizerEntry(MarsMConfig, mars_m_arguments, label=mars_m_label,
+                   labels={"mars-m-approx": "MARS-M", "mars-m-exact": "MARS-M-exact",
+                           "mars-m-efficient": "MARS-M-efficient"},
+                   groups=lambda model, cfg: matrix_rule_groups(model, cfg["weight_decay"]),
+                   orthogonalises=lambda cfg: True,
+                   state_keys={**IS_APPROX, "memory_efficient": "the MARS-M variant and its state"}),
+)}
+
+
+def optimizer_entry(name: str) -> OptimizerEntry:
+    """The entry of the optimizer named ``name`` (``optimizer.name``)."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}: the optimizers are {', '.join(OPTIMIZERS)}")
+    return OPTIMIZERS[name]
