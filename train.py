@@ -22,7 +22,8 @@ from data.loader import TokenBatches, build_batches
 from evaluation.hellaswag import correct_counts, training_items
 from model import GPT, GPTConfig
 from training.checkpoint import (CheckpointReadError, CheckpointSaveError, UnreadableCheckpoints, checkpoint_step,
-                                 latest_checkpoint, save_checkpoint, set_aside_checkpoints_after)
+                                 finished_without_checkpoints, keep_when_finished, latest_checkpoint, save_checkpoint,
+                                 set_aside_checkpoints_after)
 from training.distributed import (DistributedContext, all_gather_objects, distributed_session, stop_with_message,
                                   sum_across_ranks, wrap_data_parallel)
 from training.divergence import DivergenceGuard, TrainingDiverged, non_finite_entries, non_finite_state_message
@@ -149,6 +150,16 @@ def find_resume_checkpoint(run_dir: Path, device: torch.device, ctx: Distributed
     return found
 
 
+def check_finished_without_checkpoints(run_dir: Path, finished_at: int, max_iters: int) -> None:
+    """A run whose checkpoints went when it finished (train.finished_checkpoints=none) has nothing to resume."""
+    if finished_at < max_iters:
+        raise ValueError(f"{run_dir} finished at step {finished_at} and its checkpoints were deleted then "
+                         f"(train.finished_checkpoints=none): it cannot train on to train.max_iters={max_iters}. "
+                         "Start it over with train.overwrite=true instead of train.resume=true")
+    log.info("already at train.max_iters=%d: nothing to do (the run finished at step %d; its checkpoints were "
+             "deleted then, train.finished_checkpoints=none)", max_iters, finished_at)
+
+
 def default_run_name(cfg: DictConfig) -> str:
     choices = HydraConfig.get().runtime.choices
     return f"{choices.get('model', 'model')}-{choices.get('optimizer', cfg.optimizer.name)}-{cfg.data.name}"
@@ -266,6 +277,9 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
     changes = {}
     if t.resume:
         found = find_resume_checkpoint(run_dir, device, ctx)
+        if found is None and finished_without_checkpoints(run_dir) is not None:
+            check_finished_without_checkpoints(run_dir, finished_without_checkpoints(run_dir), t.max_iters)
+            return
         if found is None:
             log.warning("train.resume=true but %s has no checkpoint yet: starting from scratch", run_dir)
         else:
@@ -439,6 +453,10 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
             break
     metrics.close()
     if ctx.is_main:
+        policy = t.finished_checkpoints.value
+        if progress.step >= t.max_iters and keep_when_finished(run_dir, progress.step, policy):
+            log.info("finished: checkpoints deleted as train.finished_checkpoints=%s asks", policy)
+            checkpoint_path = checkpoint_path if checkpoint_path.exists() else None
         tabulate_dir = HydraConfig.get().sweep.dir if in_sweep() else run_dir
         for line in closing_summary(read_metrics(run_dir), progress, t.max_iters, checkpoint_path, run_dir,
                                     resume_command(), tabulate_dir):

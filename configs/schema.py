@@ -48,6 +48,12 @@ class EvalSampling(str, Enum):
     fresh = "fresh"
 
 
+class FinishedCheckpoints(str, Enum):
+    all = "all"  # keep train.keep_checkpoints of them
+    last = "last"  # the final one: enough to evaluate, export or train on
+    none = "none"  # a finished sweep point keeps only its logs (a resume knows it finished)
+
+
 class WandbMode(str, Enum):
     online = "online"
     offline = "offline"
@@ -212,6 +218,7 @@ class TrainConfig:
     device: str = "auto"  # auto, cpu, cuda, cuda:N
     checkpoint_interval: int = 250
     keep_checkpoints: int = 2
+    finished_checkpoints: FinishedCheckpoints = FinishedCheckpoints.all  # what a run keeps once at max_iters
     resume: bool = False
     # A fresh start (resume=false) in a directory that holds another run's records (checkpoints, logs, wandb/)
     # deletes them instead of refusing to start; refused together with resume=true.

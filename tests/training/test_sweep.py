@@ -112,3 +112,17 @@ def test_an_interrupted_sweep_resumes_in_place_with_its_command_without_retraini
     assert failure(point(tmp_path, 2))["kind"] == "diverged" and failure(point(tmp_path, 3))["kind"] == "refused"
     second = read_metrics(point(tmp_path, 1))
     assert [r["step"] for r in second if "train/loss" in r] == list(range(1, 7))  # resumed: each step once
+
+
+def test_finished_points_keep_the_last_or_no_checkpoint_as_asked_and_a_resume_of_the_sweep_retrains_nothing(tmp_path):
+    overrides = ["train.max_iters=4", "train.eval_interval=2", "train.checkpoint_interval=2",
+                 "train.finished_checkpoints=last,none"]
+    assert sweep(tmp_path, *overrides).returncode == 0
+    last, none = point(tmp_path, 0), point(tmp_path, 1)
+    assert [path.name for path in (last / "checkpoints").iterdir()] == ["ckpt_00000004.pt"]
+    assert [path.name for path in (none / "checkpoints").iterdir()] == ["deleted_at_finish.json"]
+    logs = {run_dir: (run_dir / "metrics.jsonl").read_text() for run_dir in (last, none)}
+    result = sweep(tmp_path, *overrides, "train.resume=true")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("already at train.max_iters=4: nothing to do") == 2, result.stdout
+    assert {run_dir: (run_dir / "metrics.jsonl").read_text() for run_dir in (last, none)} == logs
