@@ -296,8 +296,10 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("unique_run_dir", unique_run_dir, use_cache=True)
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
+    # Outside the optimizer group (configs/optimizer/*.yaml type themselves with /optimizer_<name>_schema), so that
+    # Hydra's choices and --help offer only optimizers that train.
     for name, schema in OPTIMIZER_SCHEMAS.items():
-        store.store(group="optimizer", name=f"{name}_schema", node=schema)
+        store.store(name=f"optimizer_{name}_schema", node=schema)
 
 
 class ConfigError(ValueError):
