@@ -35,7 +35,7 @@ from training.run_dir import RunDirectoryError, RunDirectoryLock, prepare_run_di
 from training.optimizers import build_optimizer, full_state_dict, local_optimizer, state_bytes
 from training.runtime import (autocast_context, peak_flops, resolve_device, resolve_dtype, rng_state,
                               seed_everything, set_rng_state, set_tf32)
-from training.schedule import apply_schedule
+from training.schedule import apply_schedule, warn_about_schedule_shortfalls
 from training.validation import validation_losses
 from training.summary import Progress, closing_summary
 from training.sweep import (clear_failure, in_sweep, point_ended, record_failure, resume_command, sweep_report,
@@ -328,6 +328,8 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
     log.info("model %.2fM parameters | %d processes | global batch %d tokens (%d x %d x %d accumulation x %d "
              "ranks) | run dir %s", model_config.num_params(non_embedding=False) / 1e6, ctx.world_size,
              tokens_per_step, t.batch_size, t.block_size, t.grad_accum_steps, ctx.world_size, run_dir)
+    if ctx.is_main:
+        warn_about_schedule_shortfalls(t, cfg.optimizer.lr)
     if t.grad_multiplier != 1:
         log.info("the optimizer receives %g x the mean gradient (train.grad_multiplier), clipped at %g",
                  t.grad_multiplier, t.grad_clip)
