@@ -18,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from configs.schema import ConfigError, grad_accum_steps_for, register_configs, validate
+from data.corpora import take_data_dir_as_custom
 from data.loader import TokenBatches, build_batches
 from evaluation.hellaswag import correct_counts, training_items
 from model import GPT, GPTConfig
@@ -216,6 +217,7 @@ def end_failed(run_dir: Path, err: Exception, reason: str, step: int, sweep: boo
 def train(cfg: DictConfig, run_dir: Path, progress: Progress) -> None:
     refuse_if_terminated(run_dir, resume_command())  # a signal stopped an earlier point of this process's sweep
     validate(cfg)
+    take_data_dir_as_custom(cfg.data)
     t = cfg.train
     with (distributed_session(resolve_device(t.device), t.distributed_timeout_s) as ctx,
           run_directory(run_dir, cfg, ctx) as lock, PreemptionSignal() as preemption):

@@ -37,6 +37,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from configs.schema import OPTIMIZER_SCHEMAS, DataConfig, ModelConfig, TrainConfig, register_configs
+from data.corpora import CUSTOM, EMBEDDED
 from training.metrics import METRICS_FILE, read_metrics
 from training.resume import flat_items
 # What train.py writes into a run that was refused, diverged or failed otherwise: {kind, reason, step, overrides, time}.
@@ -338,9 +339,12 @@ def changes_setting(key: str) -> bool:
 def corpus_of(data_cfg: dict) -> str:
     """What a run trains and is evaluated on: a named corpus wherever it lies (``openwebtext``), or else the
     shard directory (``custom:/data/shards``)."""
-    if data_cfg["name"] in CORPUS_NAMES or not data_cfg.get("dir"):
-        return data_cfg["name"]
-    return f"{data_cfg['name']}:{os.path.normpath(data_cfg['dir'])}"
+    name = data_cfg["name"]
+    if name == EMBEDDED and data_cfg.get("dir"):
+        name = CUSTOM  # the embedded corpus has no data.dir: the run read that directory (recorded before the fix)
+    if name in CORPUS_NAMES or not data_cfg.get("dir"):
+        return name
+    return f"{name}:{os.path.normpath(data_cfg['dir'])}"
 
 
 def short_corpus_names(corpora: Collection[str]) -> dict[str, str]:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.runs import display_optimizer, group_settings, load_runs, nominal_tokens, setting_labels, tokens_label
+from scripts.runs import corpus_of, display_optimizer, group_settings, load_runs, nominal_tokens, setting_labels, tokens_label
 
 
 @pytest.mark.parametrize("tokens, label", [(10_000 * 491_520, "5B"), (40_000 * 491_520, "20B"),
@@ -238,3 +238,9 @@ def test_a_glob_that_matches_nothing_is_named_not_taken_for_an_empty_table(tmp_p
     with pytest.raises(SystemExit) as exit_info:
         importlib.import_module(command).main([pattern, "--out", str(tmp_path / "out")])
     assert exit_info.value.code.startswith(f"error: no run directory matches {pattern}: ")
+
+
+def test_a_run_recorded_as_data_embedded_with_a_data_dir_is_labelled_by_the_directory_it_read():
+    assert corpus_of({"name": "embedded", "dir": "/data/shards/"}) == "custom:/data/shards"
+    assert corpus_of({"name": "embedded", "dir": None}) == "embedded"
+    assert corpus_of({"name": "openwebtext", "dir": "/data/owt"}) == "openwebtext"
