@@ -23,11 +23,11 @@ from data.loader import TokenBatches, build_batches
 from evaluation.hellaswag import correct_counts, training_items
 from model import GPT, GPTConfig
 from training.checkpoint import (CheckpointReadError, CheckpointSaveError, UnreadableCheckpoints, checkpoint_step,
-                                 finished_without_checkpoints, keep_when_finished, latest_checkpoint, save_checkpoint,
-                                 set_aside_checkpoints_after)
+                                 latest_checkpoint, save_checkpoint, set_aside_checkpoints_after)
 from training.distributed import (DistributedContext, all_gather_objects, distributed_session, stop_with_message,
                                   sum_across_ranks, wrap_data_parallel)
 from training.divergence import DivergenceGuard, TrainingDiverged, non_finite_entries, non_finite_state_message
+from training.finished import keep_finished_checkpoints, nothing_left_to_train
 from training.metrics import MetricsLogger, read_metrics
 from training.preemption import PreemptionSignal, TerminatedEarlier, refuse_if_terminated
 from training.provenance import DifferentCodeOnRanks, code_on_every_rank, describe_launch, launch_record
@@ -151,16 +151,6 @@ def find_resume_checkpoint(run_dir: Path, device: torch.device, ctx: Distributed
     return found
 
 
-def check_finished_without_checkpoints(run_dir: Path, finished_at: int, max_iters: int) -> None:
-    """A run whose checkpoints went when it finished (train.finished_checkpoints=none) has nothing to resume."""
-    if finished_at < max_iters:
-        raise ValueError(f"{run_dir} finished at step {finished_at} and its checkpoints were deleted then "
-                         f"(train.finished_checkpoints=none): it cannot train on to train.max_iters={max_iters}. "
-                         "Start it over with train.overwrite=true instead of train.resume=true")
-    log.info("already at train.max_iters=%d: nothing to do (the run finished at step %d; its checkpoints were "
-             "deleted then, train.finished_checkpoints=none)", max_iters, finished_at)
-
-
 def default_run_name(cfg: DictConfig) -> str:
     choices = HydraConfig.get().runtime.choices
     return f"{choices.get('model', 'model')}-{choices.get('optimizer', cfg.optimizer.name)}-{cfg.data.name}"
@@ -173,8 +163,7 @@ def lost_work_message(err: CheckpointSaveError, step: int, previous: Path | None
     else:
         kept = (f"the previous checkpoint {previous} is intact: {step - checkpoint_step(previous)} steps are lost "
                 "and a resume repeats them")
-    return (f"{err} (step {step}); {kept}. Free space or fix the directory, then resume with "
-            "train.resume=true")
+    return f"{err} (step {step}); {kept}. Free space or fix the directory, then resume: {resume_command()}"
 
 
 # Faults found alike by every rank (the config, or agreed on by a gather): under torchrun rank 0 alone tells them.
@@ -252,6 +241,8 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
         logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the run
     code, rank_codes = code_on_every_rank(ctx)  # nodes holding different code stop here
     t.grad_accum_steps = grad_accum_steps_for(t, ctx.world_size)  # the checkpoint's config records the result
+    if t.resume and nothing_left_to_train(run_dir, cfg, ctx):  # a finished run: nothing is loaded or built
+        return
     dtype = resolve_dtype(t.dtype, device)
     set_tf32(t.tf32)
     autocast = autocast_context(device, dtype)
@@ -279,9 +270,6 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
     changes = {}
     if t.resume:
         found = find_resume_checkpoint(run_dir, device, ctx)
-        if found is None and finished_without_checkpoints(run_dir) is not None:
-            check_finished_without_checkpoints(run_dir, finished_without_checkpoints(run_dir), t.max_iters)
-            return
         if found is None:
             log.warning("train.resume=true but %s has no checkpoint yet: starting from scratch", run_dir)
         else:
@@ -294,13 +282,6 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
             skipped_steps = ckpt.get("skipped_steps", 0)
             for message in schedule_changes(ckpt["config"]["train"], t):
                 log.warning(message)
-            if start_step >= t.max_iters:
-                log.info("already at train.max_iters=%d: nothing to do (raise train.max_iters to train on)",
-                         t.max_iters)
-                if changes:
-                    log.warning("the changed settings above were not applied: nothing was trained, and the run's "
-                                "record (.hydra/, metrics.jsonl) is left as the run wrote it")
-                return
     train_model = wrap_data_parallel(torch.compile(model, mode=t.compile_mode) if t.compile else model, ctx)
 
     metrics = MetricsLogger(run_dir, cfg.wandb, config_dict, cfg.wandb.run_name or default_run_name(cfg),
@@ -363,7 +344,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
                      "wandb_run_id": metrics.wandb_run_id, "skipped_steps": guard.skipped_steps}
             non_finite = non_finite_entries(state["model"], optimizer_state)
             if non_finite:
-                diverged = non_finite_state_message(step, non_finite, checkpoint_path)
+                diverged = non_finite_state_message(step, non_finite, checkpoint_path, resume_command())
             else:
                 try:
                     lock.hold_on()
@@ -385,7 +366,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
     schedule = dict(min_lr=t.min_lr, warmup_iters=t.warmup_iters,
                     decay_iters=t.decay_iters or t.max_iters, schedule=t.lr_schedule,
                     decay_fraction=t.decay_fraction)
-    guard = DivergenceGuard(t.max_skipped_steps, skipped_steps)
+    guard = DivergenceGuard(t.max_skipped_steps, skipped_steps, resume_command())
     if start_step == 0:
         evaluate(0)
     window_seconds, window_steps, window_clipped = 0.0, 0, 0
@@ -457,10 +438,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
             break
     metrics.close()
     if ctx.is_main:
-        policy = t.finished_checkpoints.value
-        if progress.step >= t.max_iters and keep_when_finished(run_dir, progress.step, policy):
-            log.info("finished: checkpoints deleted as train.finished_checkpoints=%s asks", policy)
-            checkpoint_path = checkpoint_path if checkpoint_path.exists() else None
+        checkpoint_path = keep_finished_checkpoints(run_dir, progress.step, t, checkpoint_path)
         tabulate_dir = HydraConfig.get().sweep.dir if in_sweep() else run_dir
         for line in closing_summary(read_metrics(run_dir), progress, t.max_iters, checkpoint_path, run_dir,
                                     resume_command(), tabulate_dir):
