@@ -18,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from configs.schema import ConfigError, grad_accum_steps_for, lr_decay_end, register_configs, validate
+from data.corpora import take_data_dir_as_custom
 from data.loader import TokenBatches, TokenIdOutOfRange, build_batches
 from evaluation.hellaswag import correct_counts, training_items
 from model import GPT, GPTConfig
@@ -26,6 +27,7 @@ from training.checkpoint import (CheckpointReadError, CheckpointSaveError, Unrea
 from training.distributed import (DistributedContext, all_gather_objects, distributed_session, stop_with_message,
                                   sum_across_ranks, wrap_data_parallel)
 from training.divergence import DivergenceGuard, TrainingDiverged, non_finite_entries, non_finite_state_message
+from training.finished import keep_finished_checkpoints, nothing_left_to_train
 from training.metrics import MetricsLogger, read_metrics
 from training.preemption import PreemptionSignal, TerminatedEarlier, refuse_if_terminated
 from training.provenance import DifferentCodeOnRanks, code_on_every_rank, describe_launch, launch_record
@@ -34,7 +36,7 @@ from training.run_dir import RunDirectoryError, RunDirectoryLock, prepare_run_di
 from training.optimizers import build_optimizer, full_state_dict, local_optimizer, state_bytes
 from training.runtime import (autocast_context, peak_flops, resolve_device, resolve_dtype, rng_state,
                               seed_everything, set_rng_state, set_tf32)
-from training.schedule import apply_schedule
+from training.schedule import apply_schedule, warn_about_schedule_shortfalls
 from training.validation import validation_losses
 from training.summary import Progress, closing_summary
 from training.sweep import (clear_failure, in_sweep, point_ended, record_failure, resume_command, sweep_report,
@@ -160,8 +162,7 @@ def lost_work_message(err: CheckpointSaveError, step: int, previous: Path | None
     else:
         kept = (f"the previous checkpoint {previous} is intact: {step - checkpoint_step(previous)} steps are lost "
                 "and a resume repeats them")
-    return (f"{err} (step {step}); {kept}. Free space or fix the directory, then resume with "
-            "train.resume=true")
+    return f"{err} (step {step}); {kept}. Free space or fix the directory, then resume: {resume_command()}"
 
 
 # Faults found alike by every rank (the config, or agreed on by a gather): under torchrun rank 0 alone tells them.
@@ -205,6 +206,7 @@ def end_failed(run_dir: Path, err: Exception, reason: str, step: int, sweep: boo
 def train(cfg: DictConfig, run_dir: Path, progress: Progress) -> None:
     refuse_if_terminated(run_dir, resume_command())  # a signal stopped an earlier point of this process's sweep
     validate(cfg)
+    take_data_dir_as_custom(cfg.data)
     t = cfg.train
     with (distributed_session(resolve_device(t.device), t.distributed_timeout_s) as ctx,
           run_directory(run_dir, cfg, ctx) as lock, PreemptionSignal() as preemption):
@@ -239,6 +241,8 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
         logging.getLogger().setLevel(logging.WARNING)  # one rank speaks for the run
     code, rank_codes = code_on_every_rank(ctx)  # nodes holding different code stop here
     t.grad_accum_steps = grad_accum_steps_for(t, ctx.world_size)  # the checkpoint's config records the result
+    if t.resume and nothing_left_to_train(run_dir, cfg, ctx):  # a finished run: nothing is loaded or built
+        return
     dtype = resolve_dtype(t.dtype, device)
     set_tf32(t.tf32)
     autocast = autocast_context(device, dtype)
@@ -278,13 +282,6 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
             skipped_steps = ckpt.get("skipped_steps", 0)
             for message in schedule_changes(ckpt["config"]["train"], t):
                 log.warning(message)
-            if start_step >= t.max_iters:
-                log.info("already at train.max_iters=%d: nothing to do (raise train.max_iters to train on)",
-                         t.max_iters)
-                if changes:
-                    log.warning("the changed settings above were not applied: nothing was trained, and the run's "
-                                "record (.hydra/, metrics.jsonl) is left as the run wrote it")
-                return
     train_model = wrap_data_parallel(torch.compile(model, mode=t.compile_mode) if t.compile else model, ctx)
 
     metrics = MetricsLogger(run_dir, cfg.wandb, config_dict, cfg.wandb.run_name or default_run_name(cfg),
@@ -314,6 +311,8 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
     log.info("model %.2fM parameters | %d processes | global batch %d tokens (%d x %d x %d accumulation x %d "
              "ranks) | run dir %s", model_config.num_params(non_embedding=False) / 1e6, ctx.world_size,
              tokens_per_step, t.batch_size, t.block_size, t.grad_accum_steps, ctx.world_size, run_dir)
+    if ctx.is_main:
+        warn_about_schedule_shortfalls(t, cfg.optimizer.lr)
     if t.grad_multiplier != 1:
         log.info("the optimizer receives %g x the mean gradient (train.grad_multiplier), clipped at %g",
                  t.grad_multiplier, t.grad_clip)
@@ -345,7 +344,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
                      "wandb_run_id": metrics.wandb_run_id, "skipped_steps": guard.skipped_steps}
             non_finite = non_finite_entries(state["model"], optimizer_state)
             if non_finite:
-                diverged = non_finite_state_message(step, non_finite, checkpoint_path)
+                diverged = non_finite_state_message(step, non_finite, checkpoint_path, resume_command())
             else:
                 try:
                     lock.hold_on()
@@ -367,7 +366,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
     schedule = dict(min_lr=t.min_lr, warmup_iters=t.warmup_iters,
                     decay_iters=lr_decay_end(t), schedule=t.lr_schedule,
                     decay_fraction=t.decay_fraction)
-    guard = DivergenceGuard(t.max_skipped_steps, skipped_steps)
+    guard = DivergenceGuard(t.max_skipped_steps, skipped_steps, resume_command())
     if start_step == 0:
         evaluate(0)
     window_seconds, window_steps, window_clipped = 0.0, 0, 0
@@ -439,6 +438,7 @@ def train_loop(cfg: DictConfig, t, run_dir: Path, ctx: DistributedContext, preem
             break
     metrics.close()
     if ctx.is_main:
+        checkpoint_path = keep_finished_checkpoints(run_dir, progress.step, t, checkpoint_path)
         tabulate_dir = HydraConfig.get().sweep.dir if in_sweep() else run_dir
         for line in closing_summary(read_metrics(run_dir), progress, t.max_iters, checkpoint_path, run_dir,
                                     resume_command(), tabulate_dir):

@@ -48,6 +48,12 @@ class EvalSampling(str, Enum):
     fresh = "fresh"
 
 
+class FinishedCheckpoints(str, Enum):
+    all = "all"  # keep train.keep_checkpoints of them
+    last = "last"  # the final one: enough to evaluate, export or train on
+    none = "none"  # a finished sweep point keeps only its logs (a resume knows it finished)
+
+
 class WandbMode(str, Enum):
     online = "online"
     offline = "offline"
@@ -215,6 +221,7 @@ class TrainConfig:
     device: str = "auto"  # auto, cpu, cuda, cuda:N
     checkpoint_interval: int = 250
     keep_checkpoints: int = 2
+    finished_checkpoints: FinishedCheckpoints = FinishedCheckpoints.all  # what a run keeps once at max_iters
     resume: bool = False
     # A fresh start (resume=false) in a directory that holds another run's records (checkpoints, logs, wandb/)
     # deletes them instead of refusing to start; refused together with resume=true.
@@ -292,8 +299,10 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("unique_run_dir", unique_run_dir, use_cache=True)
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
+    # Outside the optimizer group (configs/optimizer/*.yaml type themselves with /optimizer_<name>_schema), so that
+    # Hydra's choices and --help offer only optimizers that train.
     for name, schema in OPTIMIZER_SCHEMAS.items():
-        store.store(group="optimizer", name=f"{name}_schema", node=schema)
+        store.store(name=f"optimizer_{name}_schema", node=schema)
 
 
 class ConfigError(ValueError):

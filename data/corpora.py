@@ -2,9 +2,14 @@
 
 Kept apart from ``data.prepare`` so that the trainer can find a corpus without importing ``datasets``.
 """
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+EMBEDDED, CUSTOM = "embedded", "custom"  # the data configs of no Hub corpus: built in, and any shard directory
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,14 @@ HUB_CORPORA = {
     "fineweb-edu": HubCorpus("fineweb-edu", "HuggingFaceFW/fineweb-edu", config=FINEWEB_EDU_SAMPLES[0],
                              split="llm.c"),
 }
+
+
+def take_data_dir_as_custom(data_cfg) -> None:
+    """``data=embedded`` (the default) with a ``data.dir`` reads that directory, not Shakespeare: make the run
+    ``data=custom``, so that its log, its recorded config and the tables name the directory it read."""
+    if data_cfg.name == EMBEDDED and data_cfg.dir is not None:
+        log.info("data.dir=%s without data=custom: training on that directory as data=custom", data_cfg.dir)
+        data_cfg.name = CUSTOM
 
 
 def data_root() -> Path:

@@ -79,8 +79,9 @@ def split_files(data_dir: Path, split: str) -> list[Path]:
         return [single]
     if not shards:
         raise FileNotFoundError(
-            f"{data_dir} has no {split} shards ({split}.bin or {split}_000000.bin, ...): prepare it with "
-            "`python -m data.prepare ...` (see docs/data.md)"
+            f"{data_dir} has no {split} shards ({split}.bin or {split}_000000.bin, ...): make them with "
+            f"`{prepare_command('custom', data_dir)}` (.txt, .jsonl or .parquet files), or `python -m data.prepare "
+            f"{'|'.join(HUB_CORPORA)} --out {data_dir}`"
         )
     return shards
 

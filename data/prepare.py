@@ -34,7 +34,8 @@ authors evaluated on, so that validation losses are comparable with the paper's:
 id and every shard together with where the next shard starts (document position in the output order, token
 offset). It is rewritten after each shard, so an interrupted run continues after its last finished shard when
 rerun with the same arguments: the output depends only on the input order and the settings, never on the number
-of workers.
+of workers. ``--overwrite`` prepares anew beside ``--out`` and puts the finished corpus in its place: until then
+the old corpus stays whole, and no old shard is left among the new ones.
 """
 import argparse
 import bisect
@@ -43,6 +44,7 @@ import logging
 import multiprocessing
 import os
 import shlex
+import shutil
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -53,6 +55,7 @@ import numpy as np
 from datasets import Dataset, load_dataset
 from tqdm import tqdm
 
+from configs.schema import TrainConfig
 from data.corpora import FINEWEB_EDU_SAMPLES, HUB_CORPORA, HubCorpus, default_directory
 from data.shards import ShardError, read_manifest, read_shard, write_manifest, write_shard
 from data.tokenizer import GPT2_EOT_TOKEN, GPT2_VOCAB_SIZE, gpt2_encoding
@@ -64,6 +67,12 @@ FILE_FORMATS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "
 SPLITS = ("val", "train")
 # What the output depends on; a rerun into the same directory must match these to resume.
 SETTINGS_KEYS = ("source", "tokenizer", "vocab_size", "eot_token", "document_separator", "split", "shard_size")
+# The fewest tokens a split needs for the trainer's defaults: one batch of train.batch_size windows of
+# train.block_size tokens and the target after them.
+DEFAULT_BATCH_TOKENS = TrainConfig.batch_size * TrainConfig.block_size + 1
+DEFAULT_BATCH = f"train.batch_size {TrainConfig.batch_size} x train.block_size {TrainConfig.block_size} + 1"
+# Where --overwrite prepares before the result replaces --out, and where the replaced corpus goes until deleted.
+OVERWRITING_SUFFIX, REPLACED_SUFFIX = ".overwriting", ".replaced"
 
 
 @dataclass(frozen=True)
@@ -352,7 +361,7 @@ def _start_or_resume(out: Path, settings: dict) -> dict:
     differing = [key for key in SETTINGS_KEYS if manifest.get(key) != settings[key]]
     if differing:
         raise ValueError(f"{out} was prepared with different {', '.join(differing)} ({manifest.get('command')}): "
-                         "rerun that command to finish it, or delete the directory / choose another --out")
+                         "rerun that command to finish it, add --overwrite to replace it, or choose another --out")
     if not manifest.get("complete"):
         manifest["shards"] = _finished_shards(out, manifest["shards"])
     return manifest
@@ -390,14 +399,39 @@ def _write_documents(writer: ShardWriter, rule: SplitRule, source: dict, workers
     return added
 
 
+def _overwriting_directory(out: Path, settings: dict) -> Path:
+    """Where ``--overwrite`` prepares before replacing ``out``: an interrupted overwrite with the same settings is
+    continued there, anything else there is cleared. Refuses an ``out`` this script did not make."""
+    if read_manifest(out) is None:
+        raise ValueError(f"--overwrite replaces only a directory that `python -m data.prepare` made, and {out} has "
+                         "no manifest.json: choose another --out, or empty it yourself")
+    staging = out.with_name(out.name + OVERWRITING_SUFFIX)
+    manifest = read_manifest(staging) if staging.is_dir() else None
+    if staging.exists() and (manifest is None or any(manifest.get(key) != settings[key] for key in SETTINGS_KEYS)):
+        shutil.rmtree(staging)
+    return staging
+
+
+def _replace_directory(out: Path, prepared: Path) -> None:
+    """Put the finished ``prepared`` corpus in the place of ``out``, whose old corpus is then deleted."""
+    replaced = out.with_name(out.name + REPLACED_SUFFIX)
+    if replaced.exists():
+        shutil.rmtree(replaced)
+    out.rename(replaced)
+    prepared.rename(out)
+    shutil.rmtree(replaced)
+    log.info("replaced the corpus in %s with the new one", out)
+
+
 def prepare(source: dict, out: str | os.PathLike, *, split: str = FirstDocuments.name,
             shard_size: int = DEFAULT_SHARD_SIZE, val_tokens: int | None = None, test_size: float | None = None,
-            documents: int | None = None, workers: int | None = None, command: str = "") -> dict:
+            documents: int | None = None, workers: int | None = None, command: str = "",
+            overwrite: bool = False) -> dict:
     """Tokenize ``source`` into shards under ``out`` (resuming an interrupted run); returns the manifest.
 
     ``split`` names the rule (``nanogpt``, ``llm.c``, ``first-documents``); ``val_tokens`` parameterizes the last
     two, ``test_size`` the first. ``documents``, the number of documents of the source if known, saves the nanogpt
-    rule a counting pass.
+    rule a counting pass. ``overwrite`` replaces a corpus already in ``out`` once the new one is complete.
     """
     rule = split_rule(split, val_tokens=val_tokens, test_size=test_size)
     if shard_size <= 0:
@@ -410,6 +444,17 @@ def prepare(source: dict, out: str | os.PathLike, *, split: str = FirstDocuments
     separator = "<|endoftext|> " + ("before" if rule.eot_first else "after") + " each document"
     settings = {"source": source, "tokenizer": "gpt2", "vocab_size": GPT2_VOCAB_SIZE, "eot_token": GPT2_EOT_TOKEN,
                 "document_separator": separator, "split": rule.settings(), "shard_size": shard_size}
+    if overwrite and out.is_dir() and any(out.iterdir()):
+        staging = _overwriting_directory(out, settings)
+        manifest = _prepare_into(staging, settings, rule, source, workers, documents, command, shown_as=out)
+        _replace_directory(out, staging)
+        return manifest
+    return _prepare_into(out, settings, rule, source, workers, documents, command, shown_as=out)
+
+
+def _prepare_into(out: Path, settings: dict, rule: SplitRule, source: dict, workers: int, documents: int | None,
+                  command: str, shown_as: Path) -> dict:
+    """``prepare`` into the directory ``out``, which messages call ``shown_as`` (the --out that it becomes)."""
     manifest = _start_or_resume(out, settings)
     if manifest["complete"]:
         log.info("%s is already prepared (%s)", out, manifest["tokens"])
@@ -427,26 +472,42 @@ def prepare(source: dict, out: str | os.PathLike, *, split: str = FirstDocuments
     with tqdm(desc=f"tokenizing into {out}", unit="tok", unit_scale=True, initial=done_tokens) as progress:
         new_tokens = _write_documents(writer, rule, source, workers, progress)
     seconds = time.perf_counter() - started
-    _complete(out, manifest, writer.next_document)
+    _complete(out, manifest, writer.next_document, shown_as)
     log.info("%s: %s tokens in %d shards; tokenized %d tokens in %.1f s (%.0f tokens/s, %.0f per worker)",
-             out, manifest["tokens"], len(manifest["shards"]), new_tokens, seconds, new_tokens / seconds,
+             shown_as, manifest["tokens"], len(manifest["shards"]), new_tokens, seconds, new_tokens / seconds,
              new_tokens / seconds / workers)
     return manifest
 
 
-def _complete(out: Path, manifest: dict, documents: int) -> None:
+def _complete(out: Path, manifest: dict, documents: int, shown_as: Path) -> None:
     tokens = {split: sum(s["tokens"] for s in manifest["shards"] if s["split"] == split) for split in SPLITS}
     if not tokens["train"]:
         # Whole documents cannot make a split of a corpus that is one long document (a single .txt file): a
         # split that cuts inside a document can, so the advice names one that works.
-        tenth = max(1, tokens["val"] // 10)
+        val_tokens, why = advised_val_tokens(tokens["val"])
         raise ValueError(f"the corpus has only {tokens['val']:,} tokens in {documents:,} document(s), all held out "
-                         f"for validation ({manifest['split']['description']}): delete {out} and rerun with "
-                         f"`--split llm.c --val-tokens {tenth}`, which holds out the first {tenth:,} tokens "
-                         "(a tenth) and cuts the document there")
+                         f"for validation ({manifest['split']['description']}): rerun with `--split llm.c "
+                         f"--val-tokens {val_tokens} --overwrite`, which holds out the first {val_tokens:,} tokens "
+                         f"({why}), cuts the document there and replaces what this run left in {shown_as}")
     manifest.update(complete=True, documents=documents, tokens=tokens,
                     max_token_id=max(s["max_token_id"] for s in manifest["shards"]))
     write_manifest(out, manifest)
+    short = [f"{split} {count:,}" for split, count in tokens.items() if count < DEFAULT_BATCH_TOKENS]
+    if short:
+        log.warning("%s: split(s) shorter than one batch of the trainer's defaults (%s = %s tokens): %s tokens. "
+                    "Train with a smaller train.batch_size or train.block_size, or prepare more text", shown_as,
+                    DEFAULT_BATCH, f"{DEFAULT_BATCH_TOKENS:,}", ", ".join(short))
+
+
+def advised_val_tokens(total: int) -> tuple[int, str]:
+    """The --val-tokens that cut a corpus of ``total`` tokens into a val and a train split that both hold one batch
+    of the trainer's defaults, or into halves where it is too small for that; and why, in words."""
+    val_tokens = max(total // 10, DEFAULT_BATCH_TOKENS)
+    if total - val_tokens >= DEFAULT_BATCH_TOKENS:
+        return val_tokens, f"a tenth, and at least one batch of the trainer's defaults: {DEFAULT_BATCH}"
+    half = total // 2
+    return half, (f"a half: each split is shorter than one batch of the trainer's defaults ({DEFAULT_BATCH} = "
+                  f"{DEFAULT_BATCH_TOKENS:,}), so train with train.batch_size x train.block_size + 1 <= {half:,}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -463,6 +524,8 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"nanogpt: fraction of the documents held out (default {NanoGPTSplit.test_size})")
     common.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE, help="tokens per shard")
     common.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: all cores)")
+    common.add_argument("--overwrite", action="store_true",
+                        help="replace the corpus already in --out (prepared beside it, swapped in when complete)")
     parser = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__.split("\n\n")[0])
     sources = parser.add_subparsers(dest="source", required=True)
     sources.add_parser("openwebtext", parents=[common], help="Skylion007/openwebtext (~9B tokens)")
@@ -493,7 +556,7 @@ def main(argv: list[str] | None = None) -> None:
             split, documents = args.split or corpus.split, corpus.documents
         prepare(source, out, split=split, shard_size=args.shard_size, val_tokens=args.val_tokens,
                 test_size=args.test_size, documents=documents, workers=args.workers,
-                command=shlex.join(["python", "-m", "data.prepare", *argv]))
+                command=shlex.join(["python", "-m", "data.prepare", *argv]), overwrite=args.overwrite)
     except (ValueError, FileNotFoundError, ConnectionError) as err:
         raise SystemExit(f"error: {err}") from None
     except OSError as err:  # an unreadable input, a read-only or full --out (the finished shards are kept)

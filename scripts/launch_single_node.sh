@@ -4,7 +4,20 @@
 # NPROC overrides the GPU count; RUN_DIR pins the run directory (needed to resume: add train.resume=true).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-nproc="${NPROC:-$(nvidia-smi -L 2>/dev/null | wc -l)}"
+nproc="${NPROC:-}"
+if [ -z "$nproc" ]; then
+    if ! command -v nvidia-smi >/dev/null; then
+        echo "error: nvidia-smi is not on PATH, so the GPU count is unknown: set it, e.g." \
+             "NPROC=8 scripts/launch_single_node.sh ..." >&2
+        exit 1
+    fi
+    if ! gpus="$(nvidia-smi -L 2>&1)"; then
+        echo "error: nvidia-smi -L failed (${gpus%%$'\n'*}): fix the driver, or set the GPU count, e.g." \
+             "NPROC=8 scripts/launch_single_node.sh ..." >&2
+        exit 1
+    fi
+    nproc="$(grep -c '^GPU ' <<<"$gpus" || true)"
+fi
 [ "$nproc" -ge 1 ] || nproc=1
 run_dir="${RUN_DIR:-outputs/$(date +%Y-%m-%d/%H-%M-%S)}"
 source scripts/reason_last.sh

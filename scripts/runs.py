@@ -39,6 +39,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from configs.models import GPT2_SHAPES
 from configs.schema import DataConfig, ModelConfig, TrainConfig, register_configs
+from data.corpora import CUSTOM, EMBEDDED
 from training.metrics import METRICS_FILE, read_metrics
 from training.registry import OPTIMIZERS
 from training.resume import flat_items
@@ -405,9 +406,12 @@ def changes_setting(key: str) -> bool:
 def corpus_of(data_cfg: dict) -> str:
     """What a run trains and is evaluated on: a named corpus wherever it lies (``openwebtext``), or else the
     shard directory (``custom:/data/shards``)."""
-    if data_cfg["name"] in CORPUS_NAMES or not data_cfg.get("dir"):
-        return data_cfg["name"]
-    return f"{data_cfg['name']}:{os.path.normpath(data_cfg['dir'])}"
+    name = data_cfg["name"]
+    if name == EMBEDDED and data_cfg.get("dir"):
+        name = CUSTOM  # the embedded corpus has no data.dir: the run read that directory (recorded before the fix)
+    if name in CORPUS_NAMES or not data_cfg.get("dir"):
+        return name
+    return f"{name}:{os.path.normpath(data_cfg['dir'])}"
 
 
 def short_corpus_names(corpora: Collection[str]) -> dict[str, str]:

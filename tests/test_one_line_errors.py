@@ -96,6 +96,14 @@ def test_a_data_dir_that_is_a_file_is_named_as_one(tmp_path, corpus):
     assert_one_line(train(tmp_path / "run", f"data.dir={corpus / 'val.bin'}"), "is a file, not a directory")
 
 
+def test_a_data_dir_without_shards_names_the_command_that_makes_them(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    last = assert_one_line(train(tmp_path / "run", "data=custom", f"data.dir={empty}"), f"{empty} has no train shards",
+                           f"`python -m data.prepare files YOUR_FILES... --out {empty}`")
+    assert "README" not in last
+
+
 @pytest.mark.parametrize("unreadable", ["val.bin", "manifest.json", "."], ids=["shard", "manifest", "directory"])
 def test_unreadable_data_is_refused_naming_the_file(tmp_path, corpus, unreadable):
     target = corpus / unreadable

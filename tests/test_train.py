@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.embedded import clean_play, play_files
+from data.embedded import clean_play, play_files, prepare_embedded
 from training.metrics import LAUNCH_KEYS
 from training.provenance import code_version
 
@@ -145,6 +145,16 @@ def test_bad_value_stops_at_start_with_one_message(tmp_path):
     result = run_train(tmp_path, "+optimizer.gama=0.1", check=False)
     assert result.returncode != 0 and "did you mean optimizer.gamma?" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_a_data_dir_without_data_custom_is_read_as_custom_and_labelled_by_its_directory(tmp_path):
+    shards = prepare_embedded()  # any shard directory: the one the embedded corpus is built into will do
+    result = run_train(tmp_path / "run", *SMALL, f"data.dir={shards}", "train.max_iters=2", "train.eval_interval=2")
+    assert "data custom: train" in result.stdout and "data embedded" not in result.stdout, result.stdout
+    table = subprocess.run([sys.executable, "-m", "scripts.make_table", str(tmp_path / "run")], cwd=REPO,
+                           capture_output=True, text=True, timeout=300)
+    assert table.returncode == 0, table.stderr
+    assert f"| custom-{shards.name} | 2x64 |" in table.stdout and "Shakespeare" not in table.stdout, table.stdout
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
 """Checkpoints written atomically: a crash mid-save leaves the previous checkpoint intact and loadable."""
+import json
 import logging
 import re
 import zipfile
@@ -14,6 +15,8 @@ log = logging.getLogger(__name__)
 CHECKPOINT_NAME = re.compile(r"ckpt_(\d+)\.pt")
 ZIP_MAGIC = b"PK\x03\x04"  # how every torch.save archive begins
 UNREADABLE_SUFFIX = ".unreadable"  # a checkpoint a resume fell back over, kept under this suffix
+# What train.finished_checkpoints=none leaves of a finished run's checkpoints: the step it finished at.
+DELETED_AT_FINISH = "deleted_at_finish.json"
 
 
 class CheckpointSaveError(RuntimeError):
@@ -147,3 +150,24 @@ def set_aside_checkpoints_after(run_dir: Path, step: int) -> list[Path]:
                         target.name)
             set_aside.append(target)
     return set_aside
+
+
+def keep_when_finished(run_dir: Path, step: int, policy: str) -> list[Path]:
+    """Once a run has finished at ``step``, keep the checkpoints that ``policy`` (train.finished_checkpoints) asks
+    for: ``all``, the ``last`` one, or ``none`` (a finished sweep point has nothing left to resume). ``none``
+    leaves a record of the step, so that a resume knows the run finished instead of starting it over. Returns
+    the deleted files."""
+    files = checkpoint_files(run_dir)
+    deleted = {"all": [], "last": files[:-1], "none": files}[policy]
+    if policy == "none":
+        with atomic_file(checkpoint_dir(run_dir) / DELETED_AT_FINISH) as f:
+            json.dump({"step": step, "deleted": [path.name for path in deleted]}, f)
+    for path in deleted:
+        path.unlink()
+    return deleted
+
+
+def finished_without_checkpoints(run_dir: Path) -> int | None:
+    """The step a run finished at whose checkpoints were then deleted (train.finished_checkpoints=none), or None."""
+    record = checkpoint_dir(run_dir) / DELETED_AT_FINISH
+    return json.loads(record.read_text())["step"] if record.is_file() else None

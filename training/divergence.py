@@ -8,6 +8,9 @@ import torch
 log = logging.getLogger(__name__)
 
 
+AFTER_DIVERGENCE = "Lower optimizer.lr or raise train.warmup_iters, then resume with those changes added to"
+
+
 class TrainingDiverged(RuntimeError):
     pass
 
@@ -21,8 +24,9 @@ class DivergenceGuard:
     checkpoint, so a resumed run keeps counting.
     """
 
-    def __init__(self, max_skipped_steps: int = 0, skipped_steps: int = 0):
+    def __init__(self, max_skipped_steps: int = 0, skipped_steps: int = 0, resume: str = "train.resume=true"):
         self.max_skipped_steps, self.skipped_steps = max_skipped_steps, skipped_steps
+        self.resume = resume  # the command that resumes the run, for the message that stops it
 
     def allows_update(self, step: int, loss: float, grad_norm: float, checkpoint_path=None,
                       lookahead_grad_norm: float = 0.0) -> bool:
@@ -38,8 +42,8 @@ class DivergenceGuard:
             skipped = f" after skipping {self.skipped_steps} such step(s)" if self.skipped_steps else ""
             raise TrainingDiverged(
                 f"non-finite training loss {loss} / gradient norm {grad_norm} at step {step}{skipped}; "
-                f"last good checkpoint: {checkpoint_path or 'none written yet'}. Lower optimizer.lr or "
-                "raise train.warmup_iters, then resume with train.resume=true"
+                f"last good checkpoint: {checkpoint_path or 'none written yet'}. {AFTER_DIVERGENCE}: "
+                f"{self.resume}"
             )
         self.skipped_steps += 1
         log.warning("non-finite training loss %s / gradient norm %s at step %d: update skipped (%d of "
@@ -61,8 +65,8 @@ def non_finite_entries(model_state: dict, optimizer_state: dict) -> list[str]:
             if torch.is_tensor(tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
 
 
-def non_finite_state_message(step: int, names: list[str], checkpoint_path) -> str:
+def non_finite_state_message(step: int, names: list[str], checkpoint_path, resume: str) -> str:
     listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     return (f"the state after step {step} holds non-finite values ({listed}): its checkpoint is not written, so "
-            f"that no resume starts from it; last good checkpoint: {checkpoint_path or 'none written yet'}. Lower "
-            "optimizer.lr or raise train.warmup_iters, then resume with train.resume=true")
+            f"that no resume starts from it; last good checkpoint: {checkpoint_path or 'none written yet'}. "
+            f"{AFTER_DIVERGENCE}: {resume}")

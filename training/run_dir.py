@@ -17,7 +17,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from training.atomic import TEMPORARY_SUFFIX
-from training.checkpoint import UNREADABLE_SUFFIX, checkpoint_dir, checkpoint_files
+from training.checkpoint import (DELETED_AT_FINISH, UNREADABLE_SUFFIX, checkpoint_dir, checkpoint_files,
+                                 finished_without_checkpoints)
 from training.distributed import stop_with_message
 from training.metrics import METRICS_FILE
 from training.provenance import patch_files
@@ -214,6 +215,8 @@ def previous_run_files(run_dir: Path) -> list[Path]:
     runs. (.hydra/ is rewritten by every run.)"""
     run_dir, checkpoints = Path(run_dir), checkpoint_dir(run_dir)
     files = checkpoint_files(run_dir) + sorted(checkpoints.glob(f"ckpt_*.pt{UNREADABLE_SUFFIX}"))
+    if (checkpoints / DELETED_AT_FINISH).is_file():
+        files.append(checkpoints / DELETED_AT_FINISH)
     metrics = run_dir / METRICS_FILE
     if metrics.is_file() and metrics.stat().st_size > 0:
         files.append(metrics)
@@ -271,7 +274,7 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
     remove_partial_checkpoints(run_dir)
     if not resume:
         claim_for_fresh_start(run_dir, overwrite)
-    elif not checkpoint_files(run_dir):
+    elif not checkpoint_files(run_dir) and finished_without_checkpoints(run_dir) is None:
         kept = set_aside_orphan_log(run_dir)
         if kept is not None:
             log.warning("train.resume=true but %s has no checkpoint: the run starts from step 0, and the log of "

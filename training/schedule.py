@@ -1,7 +1,10 @@
 """Learning-rate schedules: warmup, then cosine, linear, constant or warmup-stable-decay down to min_lr."""
+import logging
 import math
 
 from configs.schema import OPTIMIZER_SCHEMAS, LrSchedule
+
+log = logging.getLogger(__name__)
 
 
 def learning_rate(step: int, *, peak_lr: float, min_lr: float, warmup_iters: int, decay_iters: int,
@@ -14,7 +17,7 @@ def learning_rate(step: int, *, peak_lr: float, min_lr: float, warmup_iters: int
     if step >= decay_iters:
         return min_lr
     if schedule == LrSchedule.wsd:
-        cooldown_start = decay_iters - max(1, round(decay_fraction * (decay_iters - warmup_iters)))
+        cooldown_start = wsd_cooldown_start(warmup_iters, decay_iters, decay_fraction)
         if step < cooldown_start:
             return peak_lr
         progress = (step - cooldown_start) / (decay_iters - cooldown_start)
@@ -23,6 +26,40 @@ def learning_rate(step: int, *, peak_lr: float, min_lr: float, warmup_iters: int
     if schedule == LrSchedule.linear:
         return peak_lr + progress * (min_lr - peak_lr)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (peak_lr - min_lr)
+
+
+def wsd_cooldown_start(warmup_iters: int, decay_iters: int, decay_fraction: float) -> int:
+    """The step at which the wsd schedule leaves its peak: the last ``decay_fraction`` of the steps after warmup."""
+    return decay_iters - max(1, round(decay_fraction * (decay_iters - warmup_iters)))
+
+
+def schedule_shortfalls(t, peak_lr: float) -> list[str]:
+    """What the lr schedule of the train config ``t`` never gets to do before the run ends at ``t.max_iters``:
+    reach its peak (warmup as long as the run), leave it (wsd's cooldown after the end) or decay to min_lr
+    (``decay_iters`` after the end). Each message says how to fix it."""
+    decay_iters = t.decay_iters or t.max_iters
+    last_lr = learning_rate(t.max_iters - 1, peak_lr=peak_lr, min_lr=t.min_lr, warmup_iters=t.warmup_iters,
+                            decay_iters=decay_iters, schedule=t.lr_schedule, decay_fraction=t.decay_fraction)
+    ends = f"the run ends at train.max_iters={t.max_iters}, its last step at lr {last_lr:.3g}"
+    if t.warmup_iters >= t.max_iters:
+        return [f"train.warmup_iters={t.warmup_iters} is not below train.max_iters={t.max_iters}: the lr rises for "
+                f"the whole run and never reaches its peak optimizer.lr={peak_lr:g} ({ends}). Lower "
+                "train.warmup_iters (a tenth of train.max_iters is usual) or raise train.max_iters"]
+    if t.lr_schedule == LrSchedule.constant or decay_iters <= t.max_iters:
+        return []
+    if t.lr_schedule == LrSchedule.wsd and wsd_cooldown_start(t.warmup_iters, decay_iters,
+                                                              t.decay_fraction) >= t.max_iters:
+        return [f"train.lr_schedule=wsd cools down only from step "
+                f"{wsd_cooldown_start(t.warmup_iters, decay_iters, t.decay_fraction)} on (train.decay_iters="
+                f"{decay_iters}), but {ends}: the lr never leaves its peak. Set train.decay_iters=null (the "
+                "cooldown ends with the run) or raise train.max_iters"]
+    return [f"the lr decays to train.min_lr={t.min_lr:g} at train.decay_iters={decay_iters}, but {ends}. Right for "
+            "the first part of a longer run; otherwise set train.decay_iters=null (the decay ends with the run)"]
+
+
+def warn_about_schedule_shortfalls(t, peak_lr: float) -> None:
+    for message in schedule_shortfalls(t, peak_lr):
+        log.warning(message)
 
 
 def set_learning_rate(optimizer, lr: float, peak_lr: float) -> None:

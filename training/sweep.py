@@ -38,7 +38,7 @@ def resume_command() -> str:
     hydra_cfg = HydraConfig.get()
     where = f"hydra.sweep.dir={hydra_cfg.sweep.dir}" if in_sweep() else f"hydra.run.dir={hydra_cfg.run.dir}"
     kept = [arg for arg in sys.argv[1:] if not arg.lstrip("+~").startswith(LAUNCH_ARGUMENTS)]
-    return shlex.join(["python", sys.argv[0], *kept, where, "train.resume=true"])
+    return shlex.join([sys.executable, sys.argv[0], *kept, where, "train.resume=true"])
 
 
 def write_resume_script() -> None:

@@ -424,6 +424,7 @@ OURS = {
     "train.device": ("auto", "CUDA when there is one"),
     "train.checkpoint_interval": (1000, "our checkpoints; theirs are written at evaluations"),
     "train.keep_checkpoints": (2, "our checkpoints"),
+    "train.finished_checkpoints": ("all", "our checkpoints"),
     "train.resume": (False, "a fresh start"),
     "train.overwrite": (False, "a fresh start refuses another run's directory"),
     "train.hellaswag_interval": (0, "no HellaSwag during training, as theirs"),

@@ -1,3 +1,5 @@
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -6,7 +8,8 @@ from hydra.errors import ConfigCompositionException
 
 from configs.schema import ConfigError, lr_decay_end, register_configs, validate
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+REPO = Path(__file__).resolve().parents[2]
+CONFIG_DIR = str(REPO / "configs")
 register_configs()
 
 
@@ -57,6 +60,20 @@ def test_unknown_group_option_lists_the_available_ones():
     with pytest.raises(Exception) as err:
         load("model=gpt5")
     assert "gpt2-small" in str(err.value)
+
+
+def test_the_optimizer_schemas_are_no_choice_in_help_nor_on_the_command_line(tmp_path):
+    def train(*args):
+        return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=300)
+
+    help_text = train("--help").stdout
+    [optimizers] = [line for line in help_text.splitlines() if line.startswith("optimizer: ")]
+    assert "adamw, mars-adamw" in optimizers and "_schema" not in help_text, optimizers
+    refused = train("optimizer=adamw_schema", f"hydra.run.dir={tmp_path}")
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+    assert "Could not find 'optimizer/adamw_schema'" in refused.stderr and "_schema\n" not in refused.stderr
+    assert not any(tmp_path.iterdir())
 
 
 def test_enum_values_are_checked():

@@ -171,7 +171,7 @@ def test_corpus_smaller_than_the_val_split_is_refused(tmp_path, jsonl_corpus):
 def test_one_large_text_file_gets_advice_that_works(tmp_path, english_documents):
     book = tmp_path / "book.txt"
     book.write_text("\n\n".join(english_documents))  # one document: whole documents cannot split it
-    with pytest.raises(ValueError, match=r"rerun with `--split llm.c --val-tokens (\d+)`") as refused:
+    with pytest.raises(ValueError, match=r"rerun with `--split llm.c --val-tokens (\d+) --overwrite`") as refused:
         prepare(files_source([book]), tmp_path / "out", val_tokens=1_000, workers=1)
     advised = int(re.search(r"--val-tokens (\d+)", str(refused.value)).group(1))
     manifest = prepare(files_source([book]), tmp_path / "advised", split="llm.c", val_tokens=advised, workers=1)
@@ -399,3 +399,45 @@ def test_a_full_disk_while_a_shard_is_written_is_one_line_and_leaves_no_partial_
     assert message.startswith(f"error: could not read or write {out} (No space left on device)"), message
     assert "rerun the command" in message and "\n" not in message
     assert not list(out.glob("*.tmp")) and not list(out.glob("*.bin"))
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def prepare_command(*args):
+    return subprocess.run([sys.executable, "-m", "data.prepare", "files", *map(str, args), "--workers", "1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_a_small_text_file_gets_split_advice_that_trains_and_overwrite_replaces_the_corpus_whole(
+        tmp_path, jsonl_corpus, english_documents, prepare_settings):
+    out = tmp_path / "out"
+    earlier = prepare_command(jsonl_corpus, "--out", out, "--shard-size", prepare_settings["shard_size"],
+                              "--val-tokens", prepare_settings["val_tokens"])
+    assert earlier.returncode == 0, earlier.stderr
+    earlier_shards = shard_bytes(out)
+    small = tmp_path / "small.txt"
+    small.write_text("\n\n".join(english_documents[:12]))  # one document of a few thousand tokens
+    refused = prepare_command(small, "--out", out)
+    assert refused.returncode == 1 and "add --overwrite to replace it" in refused.stderr, refused.stderr
+    failed = prepare_command(small, "--out", out, "--overwrite")  # the default split holds the one document out
+    assert failed.returncode == 1 and shard_bytes(out) == earlier_shards  # the earlier corpus is whole
+    advice = re.search(r"rerun with `(--split llm.c --val-tokens \d+ --overwrite)`", failed.stderr)
+    assert advice, failed.stderr
+    advised = prepare_command(small, "--out", out, *advice.group(1).split())
+    assert advised.returncode == 0, advised.stderr
+    manifest = read_manifest(out)
+    assert sorted(p.name for p in out.glob("*.bin")) == sorted(shard["file"] for shard in manifest["shards"])
+    assert manifest["source"]["files"][0]["path"].endswith("small.txt") and sorted(tmp_path.iterdir()) == [out, small]
+    # The trainer's defaults (train.batch_size, train.block_size) read both splits.
+    run = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'run'}", "data=custom",
+                          f"data.dir={out}", "train.device=cpu", "train.max_iters=1", "train.eval_iters=1"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+
+
+def test_overwrite_refuses_a_directory_this_script_did_not_make(tmp_path, jsonl_corpus):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="has no manifest.json: choose another --out"):
+        prepare(files_source([jsonl_corpus]), tmp_path, workers=1, overwrite=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.runs import display_optimizer, group_settings, load_runs, nominal_tokens, setting_labels, tokens_label
+from scripts.runs import corpus_of, display_optimizer, group_settings, load_runs, nominal_tokens, setting_labels, tokens_label
 
 
 @pytest.mark.parametrize("tokens, label", [(10_000 * 491_520, "5B"), (40_000 * 491_520, "20B"),
@@ -140,13 +140,13 @@ def test_custom_corpora_in_other_directories_are_not_seeds_of_each_other_but_a_n
     make_run(tmp_path / "a2", [*custom, "data.dir=/data/a/shards/", "train.seed=2"], [10.8, 6.1], 1024)
     make_run(tmp_path / "b", [*custom, "data.dir=/data/b/shards", "train.seed=3"], [10.8, 5.0], 1024)
     make_run(tmp_path / "tokens", [*custom, "data.dir=/data/tokens"], [10.8, 5.5], 1024)
-    make_run(tmp_path / "here", [*base, "data=embedded", "data.dir=/here"], [10.8, 6.2], 1024)
-    make_run(tmp_path / "there", [*base, "data=embedded", "data.dir=/there", "train.seed=2"], [10.8, 6.3], 1024)
+    make_run(tmp_path / "here", [*base, "data=openwebtext", "data.dir=/here"], [10.8, 6.2], 1024)
+    make_run(tmp_path / "there", [*base, "data=openwebtext", "data.dir=/there", "train.seed=2"], [10.8, 6.3], 1024)
     groups = group_settings(load_runs([str(tmp_path)]))
     seeds = {corpus: [sorted(Path(run.name).name for run in setting.runs) for setting in settings]
              for (corpus, *_), settings in groups.items()}
     assert seeds == {"custom-a-shards": [["a1", "a2"]], "custom-b-shards": [["b"]], "custom-tokens": [["tokens"]],
-                     "embedded": [["here", "there"]]}
+                     "openwebtext": [["here", "there"]]}
 
 
 def test_a_run_saved_before_data_sampling_pools_with_random_sampling_but_not_with_other_sampling(tmp_path,
@@ -172,7 +172,7 @@ def record_data_read(run_dir: Path, train_tokens: int, step: int = 0, source: st
 
 def test_runs_of_one_config_that_read_other_data_are_not_seeds_of_each_other(tmp_path, make_run):
     # fineweb-edu's 10B and 100B samples, each where its machine keeps it: data.dir says nothing, the size does.
-    base = ["optimizer=adamw", "train.max_iters=10", "data=embedded"]
+    base = ["optimizer=adamw", "train.max_iters=10", "data=fineweb-edu"]
     for name, seed, tokens in (("a1", 1, 10_000), ("a2", 2, 10_000), ("b", 3, 100_000)):
         run = make_run(tmp_path / name, [*base, f"train.seed={seed}", f"data.dir=/{name}"], [10.8, 6.0], 1024)
         record_data_read(run, tokens, source="HuggingFaceFW/fineweb-edu sample-10BT" if tokens == 10_000 else None)
@@ -224,3 +224,9 @@ def test_a_glob_that_matches_nothing_is_named_not_taken_for_an_empty_table(tmp_p
     with pytest.raises(SystemExit) as exit_info:
         importlib.import_module(command).main([pattern, "--out", str(tmp_path / "out")])
     assert exit_info.value.code.startswith(f"error: no run directory matches {pattern}: ")
+
+
+def test_a_run_recorded_as_data_embedded_with_a_data_dir_is_labelled_by_the_directory_it_read():
+    assert corpus_of({"name": "embedded", "dir": "/data/shards/"}) == "custom:/data/shards"
+    assert corpus_of({"name": "embedded", "dir": None}) == "embedded"
+    assert corpus_of({"name": "openwebtext", "dir": "/data/owt"}) == "openwebtext"

@@ -1,10 +1,14 @@
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from configs.schema import LrSchedule
 from mars import Muon
-from training.schedule import apply_schedule, learning_rate, set_learning_rate
+from training.schedule import apply_schedule, learning_rate, schedule_shortfalls, set_learning_rate
 
 ARGS = dict(peak_lr=1.0, min_lr=0.1, warmup_iters=10, decay_iters=110)
 
@@ -61,3 +65,35 @@ def test_muon_adamw_part_warms_up_in_proportion_then_decays_to_the_same_min_lr_a
     assert lrs(60) == pytest.approx((3e-5 + coeff * (2e-2 - 3e-5),) * 2 + (3e-5 + coeff * (3e-3 - 3e-5),))
     assert lrs(110) == pytest.approx((3e-5, 3e-5, 3e-5))
     assert lrs(0)[2] == 0.0
+
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_size=2", "train.block_size=32",
+        "train.eval_iters=1", "train.device=cpu", "train.max_iters=3", "train.eval_interval=3"]
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["train.warmup_iters=5"], "train.warmup_iters=5 is not below train.max_iters=3: the lr rises for the whole run "
+                               "and never reaches its peak optimizer.lr=0.003 (the run ends at train.max_iters=3, "
+                               "its last step at lr 0.0012). Lower train.warmup_iters"),
+    (["train.warmup_iters=0", "train.lr_schedule=wsd", "train.decay_iters=100"],
+     "train.lr_schedule=wsd cools down only from step 80 on (train.decay_iters=100), but the run ends at "
+     "train.max_iters=3, its last step at lr 0.003: the lr never leaves its peak. Set train.decay_iters=null"),
+    (["train.warmup_iters=0", "train.decay_iters=100"], "the lr decays to train.min_lr=0.0001 at "
+                                                        "train.decay_iters=100, but the run ends at train.max_iters=3"),
+])
+def test_a_run_whose_schedule_the_end_cuts_short_says_so_in_one_line_at_its_start(tmp_path, overrides, says):
+    result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *TINY, *overrides], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    [line] = [line for line in result.stdout.splitlines() if "[WARNING]" in line]
+    assert says in line, line
+
+
+@pytest.mark.parametrize("overrides", [{}, {"warmup_iters": 2}, {"lr_schedule": LrSchedule.wsd},
+                                       {"lr_schedule": LrSchedule.constant, "decay_iters": 100},
+                                       {"decay_iters": 2, "warmup_iters": 1}])
+def test_a_schedule_that_fits_its_run_warns_of_nothing(overrides):
+    t = OmegaConf.create({"max_iters": 3, "warmup_iters": 0, "decay_iters": None, "lr_schedule": LrSchedule.cosine,
+                          "decay_fraction": 0.2, "min_lr": 1e-4, **overrides})
+    assert schedule_shortfalls(t, 3e-3) == []

@@ -1,6 +1,7 @@
 """A local sweep (train.py -m) survives a bad point, resumes in its own directory and says how it ended."""
 import json
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from data.embedded import prepare_embedded
 from training.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,8 +59,12 @@ def test_a_single_run_that_fails_records_why_and_a_later_launch_that_trains_clea
     command = [sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *TINY, "train.max_iters=3",
                "train.eval_interval=3"]
     result = subprocess.run([*command, "optimizer.lr=1e8"], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith("error: non-finite"), \
-        result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 1 and last.startswith("error: non-finite"), result.stderr
+    # The advice ends on the exact command that resumes the run, as the closing summary gives it.
+    assert last.endswith(f": {shlex.join([*command, 'optimizer.lr=1e8'][:2])} {shlex.join(TINY)} "
+                         f"train.max_iters=3 train.eval_interval=3 optimizer.lr=1e8 hydra.run.dir={tmp_path} "
+                         "train.resume=true"), last
     assert failure(tmp_path)["kind"] == "diverged" and failure(tmp_path)["overrides"][-1] == "optimizer.lr=1e8"
     result = subprocess.run([*command, "train.overwrite=true"], cwd=REPO, capture_output=True, text=True,
                             timeout=600)
@@ -100,9 +106,9 @@ def test_an_interrupted_sweep_resumes_in_place_with_its_command_without_retraini
     assert last_step(first) == 6 and not list(tmp_path.glob("5_*"))  # the sweep stopped part-way
 
     resume = shlex.split((tmp_path / "resume.sh").read_text().splitlines()[-1].split(" && exec ")[1])
-    assert resume[:3] == ["python", "train.py", "-m"] and resume[-2:] == [f"hydra.sweep.dir={tmp_path}",
-                                                                           "train.resume=true"]
-    result = subprocess.run([sys.executable, *resume[1:]], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resume[:3] == [sys.executable, "train.py", "-m"] and resume[-2:] == [f"hydra.sweep.dir={tmp_path}",
+                                                                                 "train.resume=true"]
+    result = subprocess.run(resume, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 1 and "2 of 6 sweep points failed" in result.stderr, result.stderr
     assert {path: path.stat().st_mtime_ns for path in first.glob("checkpoints/*.pt")} == checkpoint_time
     assert (first / "metrics.jsonl").read_text() == first_log  # finished: not retrained
@@ -112,3 +118,50 @@ def test_an_interrupted_sweep_resumes_in_place_with_its_command_without_retraini
     assert failure(point(tmp_path, 2))["kind"] == "diverged" and failure(point(tmp_path, 3))["kind"] == "refused"
     second = read_metrics(point(tmp_path, 1))
     assert [r["step"] for r in second if "train/loss" in r] == list(range(1, 7))  # resumed: each step once
+
+    # The table and the figures show every point, the failed ones with their reason.
+    table = script("make_table", tmp_path, "--out", tmp_path / "table.md")
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| Shakespeare (embedded) | 1x32 |")]
+    assert sorted(float(row[4]) for row in rows) == [-1e-3, 1e-3, 2e-3, 3e-3, 4e-3, 1e8], table
+    assert [row[4] for row in rows if "failed (diverged)" in " | ".join(row)] == ["1e+08"], table
+    assert [row[4] for row in rows if "failed (refused)" in " | ".join(row)] == ["-0.001"], table
+    curves = script("plot_curves", tmp_path, "--every-point", "--out", tmp_path / "curves").split()
+    sweeps = script("plot_sweep", tmp_path, "--out", tmp_path / "sweeps").split()
+    assert [Path(path).name for path in curves] == [f"val_loss_vs_{axis}_embedded_1x32_every_point.png"
+                                                    for axis in ("tokens", "time")]
+    assert [Path(path).name for path in sweeps] == ["lr_sweep_embedded_1x32_384.png"], sweeps
+    assert all(Path(path).stat().st_size > 0 for path in curves + sweeps)
+
+
+def script(name, *args) -> str:
+    """The standard output of ``python -m scripts.<name> args...``, which must succeed."""
+    result = subprocess.run([sys.executable, "-m", f"scripts.{name}", *map(str, args)], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_finished_points_keep_the_last_or_no_checkpoint_as_asked_and_a_resume_of_the_sweep_retrains_nothing(tmp_path):
+    overrides = ["train.max_iters=4", "train.eval_interval=2", "train.checkpoint_interval=2",
+                 "train.finished_checkpoints=last,none"]
+    assert sweep(tmp_path, *overrides).returncode == 0
+    last, none = point(tmp_path, 0), point(tmp_path, 1)
+    assert [path.name for path in (last / "checkpoints").iterdir()] == ["ckpt_00000004.pt"]
+    assert [path.name for path in (none / "checkpoints").iterdir()] == ["deleted_at_finish.json"]
+    logs = {run_dir: (run_dir / "metrics.jsonl").read_text() for run_dir in (last, none)}
+    result = sweep(tmp_path, *overrides, "train.resume=true")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("already at train.max_iters=4: nothing to do") == 2, result.stdout
+    assert {run_dir: (run_dir / "metrics.jsonl").read_text() for run_dir in (last, none)} == logs
+
+
+def test_resuming_a_finished_run_needs_neither_its_checkpoint_loaded_nor_its_data(tmp_path):
+    shards = tmp_path / "shards"
+    shutil.copytree(prepare_embedded(), shards)
+    command = [sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'run'}", *TINY, "data=custom",
+               f"data.dir={shards}", "train.max_iters=2", "train.eval_interval=2"]
+    assert subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600).returncode == 0
+    shutil.rmtree(shards)  # a finished sweep point whose data moved away since
+    result = subprocess.run([*command, "train.resume=true"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "already at train.max_iters=2: nothing to do (raise train.max_iters to train on)" in result.stdout
