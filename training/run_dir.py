@@ -295,14 +295,19 @@ def refuse_unwritable_directory(config: DictConfig, key: str) -> None:
         with open(directory / HYDRA_LOG, "a"):
             pass
     except Exception as err:  # an OSError, or one met resolving the default directory (unique_run_dir)
-        cause = err
-        while cause is not None and not isinstance(cause, OSError):
-            cause = cause.__cause__ or cause.__context__
-        if cause is None:
-            raise
-        stop_with_message(f"error: cannot write the run directory {Path(cause.filename).absolute()} "
-                          f"({cause.strerror}): set {key} to a writable directory, or fix the permissions (or "
-                          "space) of this one", every_rank_meets_it=True)
+        causes = [err]
+        while causes[-1].__cause__ or causes[-1].__context__:
+            causes.append(causes[-1].__cause__ or causes[-1].__context__)
+        unwritable = next((cause for cause in causes if isinstance(cause, OSError)), None)
+        if unwritable is not None:
+            stop_with_message(f"error: cannot write the run directory {Path(unwritable.filename).absolute()} "
+                              f"({unwritable.strerror}): set {key} to a writable directory, or fix the permissions "
+                              "(or space) of this one", every_rank_meets_it=True)
+        if isinstance(causes[-1], ValueError):
+            # The default directory refused (torchrun without --rdzv-id): every rank resolves it alike. Stopped
+            # here, or Hydra would only warn of it and fail again, with a traceback, creating the directory.
+            stop_with_message(f"error: {causes[-1]}", every_rank_meets_it=True)
+        raise
 
 
 def write_hydra_record(run_dir: Path, cfg: DictConfig) -> None:
