@@ -1,5 +1,6 @@
 """One run per directory: the directory is locked while a run writes to it, a fresh start does not take over
 another run's checkpoints or log, and a directory that cannot be written is found before any step is lost."""
+import contextlib
 import datetime
 import errno
 import fcntl
@@ -16,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from training.atomic import TEMPORARY_SUFFIX
 from training.checkpoint import UNREADABLE_SUFFIX, checkpoint_dir, checkpoint_files
-from training.distributed import stop_with_message
+from training.distributed import DistributedContext, all_gather_objects, stop_with_message
 from training.metrics import METRICS_FILE
 from training.provenance import patch_files
 
@@ -274,6 +275,27 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
         if kept is not None:
             log.warning("train.resume=true but %s has no checkpoint: the run starts from step 0, and the log of "
                         "the attempt before is kept as %s", run_dir, kept)
+
+
+@contextlib.contextmanager
+def locked_run_directory(run_dir: Path, resume: bool, overwrite: bool, ctx: DistributedContext):
+    """Rank 0 locks ``run_dir`` for the run's lifetime and checks it (``prepare_run_dir``); every rank stops alike
+    when the directory cannot be used. Yields the lock (held by rank 0 only)."""
+    lock = RunDirectoryLock(run_dir)
+    problem = None
+    if ctx.is_main:
+        try:
+            lock.acquire()
+            prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)
+        except RunDirectoryError as err:
+            problem = str(err)
+    problems = [message for message in all_gather_objects(problem, ctx) if message]
+    try:
+        if problems:
+            raise RunDirectoryError(problems[0])
+        yield lock
+    finally:
+        lock.release()
 
 
 class WritableRunDirectory(Callback):
