@@ -29,7 +29,7 @@ from training.preemption import PreemptionSignal, refuse_if_terminated
 from training.provenance import code_on_every_rank, launch_record
 from training.resume import Resumed, resume_run
 from training.run_checkpoint import save_run_checkpoint
-from training.run_dir import RunDirectoryLock, locked_run_directory, write_hydra_record
+from training.run_dir import RunDirectoryLock, locked_run_directory, register_run_dir_resolver, write_hydra_record
 from training.runtime import autocast_context, peak_flops, resolve_device, resolve_dtype, seed_everything, set_tf32
 from training.schedule import apply_schedule
 from training.summary import Progress, closing_summary, opening_lines
@@ -39,6 +39,7 @@ from training.validation import hellaswag_accuracy, validation_losses
 log = logging.getLogger("train")
 VAL_SEED = 0  # every run of a setting, whatever its seed, is evaluated on the same windows (training/validation.py)
 register_configs()
+register_run_dir_resolver()
 
 
 @hydra.main(version_base=None, config_path="configs", config_name="config")

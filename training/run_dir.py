@@ -4,6 +4,7 @@ import contextlib
 import datetime
 import errno
 import fcntl
+import itertools
 import logging
 import os
 import shutil
@@ -185,6 +186,46 @@ class RunDirectoryLock:
         self.release()
 
 
+_claimed_run_dirs: dict[str, str] = {}
+
+
+def unique_run_dir(parent: str = "outputs") -> str:
+    """A new run directory under ``parent``: named by the start time, or by torchrun's run id under torchrun.
+
+    Every rank of a torchrun job (and every elastic restart of it) sees the same run id, while their clocks may
+    straddle a second: the ranks must agree on one directory. torchrun's default run id ("none") is the same in
+    every job, so it names no directory: refused. Without torchrun the directory is claimed by
+    creating it (atomic, also on shared file systems), with a -2, -3, ... suffix when another run started in
+    the same second took the name first. One claim per process, however often the config is resolved.
+    """
+    if parent in _claimed_run_dirs:
+        return _claimed_run_dirs[parent]
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id == "none":  # torchrun's default run id, without --rdzv-id or --standalone
+        raise RunDirectoryError(
+            "under torchrun without --rdzv-id the ranks cannot agree on a default run directory (each would "
+            "claim its own, and a restarted group would start again from step 0): pass --rdzv-id=<job name> "
+            "(or --standalone on one node) to torchrun, or set hydra.run.dir (a sweep: hydra.sweep.dir)")
+    if run_id is not None:
+        return f"{parent}/torchrun-{run_id}"
+    stamp = f"{parent}/{datetime.datetime.now().strftime('%Y-%m-%d/%H-%M-%S')}"
+    Path(stamp).parent.mkdir(parents=True, exist_ok=True)
+    for attempt in itertools.count(1):
+        candidate = stamp if attempt == 1 else f"{stamp}-{attempt}"
+        try:
+            os.mkdir(candidate)
+        except FileExistsError:
+            continue
+        _claimed_run_dirs[parent] = candidate
+        return candidate
+
+
+def register_run_dir_resolver() -> None:
+    """Let configs/config.yaml name its default run and sweep directories ``${unique_run_dir:outputs}``."""
+    if not OmegaConf.has_resolver("unique_run_dir"):
+        OmegaConf.register_new_resolver("unique_run_dir", unique_run_dir, use_cache=True)
+
+
 def check_writable(run_dir: Path) -> None:
     """Write and remove a probe file in ``run_dir/checkpoints`` now, not at the first checkpoint."""
     directory = checkpoint_dir(run_dir)
@@ -325,10 +366,11 @@ def refuse_unwritable_directory(config: DictConfig, key: str) -> None:
             stop_with_message(f"error: cannot write the run directory {Path(unwritable.filename).absolute()} "
                               f"({unwritable.strerror}): set {key} to a writable directory, or fix the permissions "
                               "(or space) of this one", every_rank_meets_it=True)
-        if isinstance(causes[-1], ValueError):
+        refused = next((cause for cause in causes if isinstance(cause, RunDirectoryError)), None)
+        if refused is not None:
             # The default directory refused (torchrun without --rdzv-id): every rank resolves it alike. Stopped
             # here, or Hydra would only warn of it and fail again, with a traceback, creating the directory.
-            stop_with_message(f"error: {causes[-1]}", every_rank_meets_it=True)
+            stop_with_message(f"error: {refused}", every_rank_meets_it=True)
         raise
 
 
