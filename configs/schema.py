@@ -5,14 +5,10 @@ run at start with a message naming the key. Checks that need more than a type (r
 live in ``validate``.
 """
 import dataclasses
-import datetime
 import difflib
-import itertools
 import math
-import os
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import Any, ClassVar, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -260,43 +256,9 @@ class Config:
 OPTIMIZER_SCHEMAS: dict[str, type] = {schema.name: schema for schema in OptimizerConfig.__subclasses__()}
 
 
-_claimed_run_dirs: dict[str, str] = {}
-
-
-def unique_run_dir(parent: str = "outputs") -> str:
-    """A new run directory under ``parent``: named by the start time, or by torchrun's run id under torchrun.
-
-    Every rank of a torchrun job (and every elastic restart of it) sees the same run id, while their clocks may
-    straddle a second: the ranks must agree on one directory. torchrun's default run id ("none") is the same in
-    every job, so it names no directory: refused. Without torchrun the directory is claimed by
-    creating it (atomic, also on shared file systems), with a -2, -3, ... suffix when another run started in
-    the same second took the name first. One claim per process, however often the config is resolved.
-    """
-    if parent in _claimed_run_dirs:
-        return _claimed_run_dirs[parent]
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id == "none":  # torchrun's default run id, without --rdzv-id or --standalone
-        raise ValueError(
-            "under torchrun without --rdzv-id the ranks cannot agree on a default run directory (each would "
-            "claim its own, and a restarted group would start again from step 0): pass --rdzv-id=<job name> "
-            "(or --standalone on one node) to torchrun, or set hydra.run.dir (a sweep: hydra.sweep.dir)")
-    if run_id is not None:
-        return f"{parent}/torchrun-{run_id}"
-    stamp = f"{parent}/{datetime.datetime.now().strftime('%Y-%m-%d/%H-%M-%S')}"
-    Path(stamp).parent.mkdir(parents=True, exist_ok=True)
-    for attempt in itertools.count(1):
-        candidate = stamp if attempt == 1 else f"{stamp}-{attempt}"
-        try:
-            os.mkdir(candidate)
-        except FileExistsError:
-            continue
-        _claimed_run_dirs[parent] = candidate
-        return candidate
-
-
 def register_configs() -> None:
-    if not OmegaConf.has_resolver("unique_run_dir"):
-        OmegaConf.register_new_resolver("unique_run_dir", unique_run_dir, use_cache=True)
+    """The schemas, for Hydra to merge the YAML into. (The default run directory, ``${unique_run_dir:...}``, is
+    resolved by train.py: ``training.run_dir.register_run_dir_resolver``.)"""
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
     # Outside the optimizer group (configs/optimizer/*.yaml type themselves with /optimizer_<name>_schema), so that

@@ -18,8 +18,8 @@ shard order. Three sampling modes:
   within an epoch.
 
 Nothing is carried from one batch to the next, so a resumed run sees exactly the batches the uninterrupted run
-would have seen (the loader's position in a checkpoint is just the step), and the exact MARS scheme can ask
-for the next step's batch ahead of time (``peek``).
+would have seen (the loader's position in a checkpoint is just the step), and the exact MARS scheme can draw
+the next step's batch ahead of time (``batch(step + 1, micro_step)``).
 """
 import logging
 import re
@@ -253,10 +253,6 @@ class TokenBatches:
         rank = self.rank if rank is None else rank
         return ((step * self.grad_accum_steps + micro_step) * self.world_size + rank) * self.batch_size
 
-    def epoch(self, step: int, micro_step: int = 0) -> int:
-        """Sequential mode: how many full passes over the split precede this rank's micro-batch."""
-        return self._first_window(step, micro_step) // self.windows_per_epoch
-
     def window_starts(self, step: int, micro_step: int = 0, rank: int | None = None) -> np.ndarray:
         """Token offsets of the micro-batch's windows in the split's stream (those of rank ``rank``: this one's
         unless given)."""
@@ -314,10 +310,6 @@ class TokenBatches:
             f"{where} holds token id {int(windows[row, column])} at token {offset}, but model.vocab_size is "
             f"{self.vocab_size}: the shards were made with another tokenizer (or their manifest.json is out of "
             "date); prepare the corpus with the model's tokenizer, or raise model.vocab_size")
-
-    def peek(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """The batch that step ``step + 1`` will draw: what the exact MARS scheme needs one step ahead."""
-        return self.batch(step + 1, micro_step)
 
 
 def build_batches(data_cfg, split: str, *, batch_size: int, block_size: int, grad_accum_steps: int, seed: int,

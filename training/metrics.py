@@ -3,6 +3,9 @@ import json
 import logging
 from pathlib import Path
 
+import torch
+from hydra.core.hydra_config import HydraConfig
+
 from configs.schema import WandbMode
 from training.atomic import atomic_file
 
@@ -54,6 +57,12 @@ def format_duration(seconds: float) -> str:
     if hours:
         return f"{hours}h{minutes:02d}m{secs:02d}s"
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def default_run_name(cfg) -> str:
+    """The wandb run's name when ``wandb.run_name`` is null: model, optimizer and corpus."""
+    choices = HydraConfig.get().runtime.choices
+    return f"{choices.get('model', 'model')}-{choices.get('optimizer', cfg.optimizer.name)}-{cfg.data.name}"
 
 
 class WandbUnavailable(ValueError):
@@ -144,3 +153,36 @@ class MetricsLogger:
     def close(self) -> None:
         if self.wandb_run is not None:
             self.wandb_run.finish()
+
+
+class StepWindow:
+    """The training steps since the last logged one: the record of a log line sums them up (throughput at the
+    recent step time, the share of clipped steps, an ETA). Only the steps' own time counts: evaluations and
+    checkpoints come on top."""
+
+    def __init__(self, tokens_per_step: int, max_iters: int, flops_per_token: float, peak_flops: float | None,
+                 world_size: int, device: torch.device):
+        self.tokens_per_step, self.max_iters, self.device = tokens_per_step, max_iters, device
+        self.flops_per_token, self.peak_flops, self.world_size = flops_per_token, peak_flops, world_size  # for MFU
+        self.seconds, self.steps, self.clipped = 0.0, 0, 0
+
+    def add(self, seconds: float, clipped: bool) -> None:
+        self.seconds += seconds
+        self.steps += 1
+        self.clipped += clipped
+
+    def record(self, step: int, tokens: int, lr: float, loss: float, grad_norm: float, skipped_steps: int) -> dict:
+        """The log record of ``step``, which closes the window."""
+        tokens_per_s = self.steps * self.tokens_per_step / self.seconds
+        record = {"step": step, "tokens": tokens, "lr": lr, "train/loss": loss, "grad_norm": grad_norm,
+                  "clipped": self.clipped / self.steps, "tokens_per_s": tokens_per_s,
+                  "step_ms": 1000 * self.seconds / self.steps,
+                  "eta_s": (self.max_iters - step) * self.seconds / self.steps}
+        if skipped_steps:
+            record["skipped_steps"] = skipped_steps
+        if self.peak_flops:  # None where the device's peak is unknown
+            record["mfu"] = tokens_per_s / self.world_size * self.flops_per_token / self.peak_flops
+        if self.device.type == "cuda":
+            record["peak_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        self.seconds, self.steps, self.clipped = 0.0, 0, 0
+        return record

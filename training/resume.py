@@ -1,9 +1,17 @@
-"""What a resume may change: settings that keep the checkpoint's state meaningful take effect (and are logged);
-changes that would make it meaningless stop the run before anything is loaded."""
+"""Resuming a run: the newest checkpoint every rank can read, and what a resume may change. Settings that keep the
+checkpoint's state meaningful take effect (and are logged); changes that would make it meaningless stop the run
+before anything is loaded."""
 import logging
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from configs.schema import lr_decay_end
+from training.checkpoint import CheckpointReadError, latest_checkpoint, set_aside_checkpoints_after
+from training.distributed import DistributedContext, all_gather_objects
+from training.runtime import set_rng_state
+from training.summary import Progress
 from training.registry import OPTIMIZERS
 
 log = logging.getLogger("train")
@@ -77,3 +85,98 @@ def restore_hyperparameters(optimizer: torch.optim.Optimizer, configured: list[d
         params = group["params"]
         group.clear()
         group.update(settings, params=params)
+
+
+def schedule_changes(saved_train: dict, t) -> list[str]:
+    """What a resume changes in the lr schedule's shape: a longer ``max_iters`` stretches the decay."""
+    saved_end, end = lr_decay_end(saved_train), lr_decay_end(t)
+    if saved_end == end:
+        return []
+    return [f"the lr schedule now reaches train.min_lr at step {end} instead of the checkpoint's {saved_end} "
+            f"(train.max_iters {saved_train['max_iters']} -> {t.max_iters}, train.decay_iters "
+            f"{saved_train.get('decay_iters')} -> {t.decay_iters}): from here on the lr differs from the original "
+            "run's plan"]
+
+
+def resume_from(ckpt: dict, checkpoint_path: Path, config_dict: dict, model, optimizer,
+                ctx: DistributedContext) -> dict[str, tuple]:
+    """Load the checkpoint's weights, optimizer state and random streams; the configured hyperparameters then
+    replace the checkpoint's. Returns the settings that differ from the checkpoint's (each one logged).
+
+    Raises :class:`ResumeRefused` when a change leaves the state without meaning.
+    """
+    changes = config_changes(ckpt["config"], config_dict)
+    check_resumable(changes, checkpoint_path)
+    configured = configured_hyperparameters(optimizer)
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    restore_hyperparameters(optimizer, configured)
+    rng_states = ckpt["rng"]
+    if len(rng_states) == ctx.world_size:
+        set_rng_state(rng_states[ctx.rank])
+    else:
+        log.warning("the checkpoint was written by %d processes, this run has %d: the random streams "
+                    "(dropout) restart from train.seed", len(rng_states), ctx.world_size)
+    log.info("resumed from %s at step %d", checkpoint_path, ckpt["step"])
+    for key, (old, new) in changes.items():
+        log.info("changed on resume: %s %r -> %r (from step %d on)", key, old, new, ckpt["step"])
+    return changes
+
+
+def find_resume_checkpoint(run_dir: Path, device: torch.device, ctx: DistributedContext) -> tuple[Path, dict] | None:
+    """The newest loadable checkpoint, the same one on every rank, or None; every rank stops alike otherwise.
+
+    A rank that could not read the newest checkpoint (a lagging network file system) would train on from another
+    step than the rest; a rank that could read none would stop while the others waited for it.
+    """
+    found, problem = None, None
+    try:
+        found = latest_checkpoint(run_dir, device)
+    except Exception as err:  # whatever stops this rank (also running out of memory) must stop the others too
+        problem = err
+    outcomes = all_gather_objects(("error", f"{problem}") if problem else ("found", found and found[0].name), ctx)
+    if problem is not None:
+        raise problem
+    failed = [(rank, message) for rank, (kind, message) in enumerate(outcomes) if kind == "error"]
+    if failed:
+        rank, message = failed[0]
+        raise CheckpointReadError(f"rank {rank} cannot resume: {message}")
+    if len({name for _, name in outcomes}) > 1:
+        listed = ", ".join(f"rank {rank}: {name or 'none'}" for rank, (_, name) in enumerate(outcomes))
+        raise ValueError(f"the ranks found different newest checkpoints in {run_dir} ({listed}): every rank must "
+                         "see the same run directory, on a file system they share; check it and resume again")
+    return found
+
+
+@dataclass
+class Resumed:
+    """What a launch takes over from the checkpoint it resumed from, beside the weights, the optimizer state and
+    the ``Progress`` (a fresh start takes over nothing)."""
+
+    changes: dict[str, tuple] = field(default_factory=dict)  # {key: (checkpoint's value, configured value)}
+    wandb_run_id: str | None = None
+    skipped_steps: int = 0
+
+
+def resume_run(run_dir: Path, t, config_dict: dict, model, optimizer, ctx: DistributedContext,
+               progress: Progress) -> Resumed:
+    """Continue from the newest checkpoint in ``run_dir``: load it into ``model`` and ``optimizer`` and move
+    ``progress`` to its step. Without one, the run starts from scratch. A checkpoint at ``train.max_iters`` or
+    past it leaves nothing to train: said here, and the caller stops."""
+    found = find_resume_checkpoint(run_dir, ctx.device, ctx)
+    if found is None:
+        log.warning("train.resume=true but %s has no checkpoint yet: starting from scratch", run_dir)
+        return Resumed()
+    checkpoint_path, ckpt = found
+    changes = resume_from(ckpt, checkpoint_path, config_dict, model, optimizer, ctx)
+    if ctx.is_main:
+        set_aside_checkpoints_after(run_dir, ckpt["step"])
+    progress.step, progress.tokens, progress.checkpoint = ckpt["step"], ckpt["tokens"], checkpoint_path
+    for message in schedule_changes(ckpt["config"]["train"], t):
+        log.warning(message)
+    if progress.step >= t.max_iters:
+        log.info("already at train.max_iters=%d: nothing to do (raise train.max_iters to train on)", t.max_iters)
+        if changes:
+            log.warning("the changed settings above were not applied: nothing was trained, and the run's "
+                        "record (.hydra/, metrics.jsonl) is left as the run wrote it")
+    return Resumed(changes, ckpt.get("wandb_run_id"), ckpt.get("skipped_steps", 0))

@@ -4,6 +4,7 @@ import contextlib
 import datetime
 import errno
 import fcntl
+import itertools
 import logging
 import os
 import shutil
@@ -19,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from training.atomic import TEMPORARY_SUFFIX
 from training.checkpoint import (DELETED_AT_FINISH, UNREADABLE_SUFFIX, checkpoint_dir, checkpoint_files,
                                  finished_without_checkpoints)
-from training.distributed import stop_with_message
+from training.distributed import DistributedContext, all_gather_objects, stop_with_message
 from training.metrics import METRICS_FILE
 from training.provenance import patch_files
 
@@ -187,6 +188,46 @@ class RunDirectoryLock:
         self.release()
 
 
+_claimed_run_dirs: dict[str, str] = {}
+
+
+def unique_run_dir(parent: str = "outputs") -> str:
+    """A new run directory under ``parent``: named by the start time, or by torchrun's run id under torchrun.
+
+    Every rank of a torchrun job (and every elastic restart of it) sees the same run id, while their clocks may
+    straddle a second: the ranks must agree on one directory. torchrun's default run id ("none") is the same in
+    every job, so it names no directory: refused. Without torchrun the directory is claimed by
+    creating it (atomic, also on shared file systems), with a -2, -3, ... suffix when another run started in
+    the same second took the name first. One claim per process, however often the config is resolved.
+    """
+    if parent in _claimed_run_dirs:
+        return _claimed_run_dirs[parent]
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id == "none":  # torchrun's default run id, without --rdzv-id or --standalone
+        raise RunDirectoryError(
+            "under torchrun without --rdzv-id the ranks cannot agree on a default run directory (each would "
+            "claim its own, and a restarted group would start again from step 0): pass --rdzv-id=<job name> "
+            "(or --standalone on one node) to torchrun, or set hydra.run.dir (a sweep: hydra.sweep.dir)")
+    if run_id is not None:
+        return f"{parent}/torchrun-{run_id}"
+    stamp = f"{parent}/{datetime.datetime.now().strftime('%Y-%m-%d/%H-%M-%S')}"
+    Path(stamp).parent.mkdir(parents=True, exist_ok=True)
+    for attempt in itertools.count(1):
+        candidate = stamp if attempt == 1 else f"{stamp}-{attempt}"
+        try:
+            os.mkdir(candidate)
+        except FileExistsError:
+            continue
+        _claimed_run_dirs[parent] = candidate
+        return candidate
+
+
+def register_run_dir_resolver() -> None:
+    """Let configs/config.yaml name its default run and sweep directories ``${unique_run_dir:outputs}``."""
+    if not OmegaConf.has_resolver("unique_run_dir"):
+        OmegaConf.register_new_resolver("unique_run_dir", unique_run_dir, use_cache=True)
+
+
 def check_writable(run_dir: Path) -> None:
     """Write and remove a probe file in ``run_dir/checkpoints`` now, not at the first checkpoint."""
     directory = checkpoint_dir(run_dir)
@@ -281,6 +322,27 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
                         "the attempt before is kept as %s", run_dir, kept)
 
 
+@contextlib.contextmanager
+def locked_run_directory(run_dir: Path, resume: bool, overwrite: bool, ctx: DistributedContext):
+    """Rank 0 locks ``run_dir`` for the run's lifetime and checks it (``prepare_run_dir``); every rank stops alike
+    when the directory cannot be used. Yields the lock (held by rank 0 only)."""
+    lock = RunDirectoryLock(run_dir)
+    problem = None
+    if ctx.is_main:
+        try:
+            lock.acquire()
+            prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)
+        except RunDirectoryError as err:
+            problem = str(err)
+    problems = [message for message in all_gather_objects(problem, ctx) if message]
+    try:
+        if problems:
+            raise RunDirectoryError(problems[0])
+        yield lock
+    finally:
+        lock.release()
+
+
 class WritableRunDirectory(Callback):
     """Hydra callback (configs/config.yaml): before Hydra creates the run or sweep directory and opens its log
     file there, check that it can, and stop with one line if not (Hydra's own failure is a traceback)."""
@@ -329,14 +391,20 @@ def refuse_unwritable_directory(config: DictConfig, key: str) -> None:
         with open(directory / HYDRA_LOG, "a"):
             pass
     except Exception as err:  # an OSError, or one met resolving the default directory (unique_run_dir)
-        cause = err
-        while cause is not None and not isinstance(cause, OSError):
-            cause = cause.__cause__ or cause.__context__
-        if cause is None:
-            raise
-        stop_with_message(f"error: cannot write the run directory {Path(cause.filename).absolute()} "
-                          f"({cause.strerror}): set {key} to a writable directory, or fix the permissions (or "
-                          "space) of this one", every_rank_meets_it=True)
+        causes = [err]
+        while causes[-1].__cause__ or causes[-1].__context__:
+            causes.append(causes[-1].__cause__ or causes[-1].__context__)
+        unwritable = next((cause for cause in causes if isinstance(cause, OSError)), None)
+        if unwritable is not None:
+            stop_with_message(f"error: cannot write the run directory {Path(unwritable.filename).absolute()} "
+                              f"({unwritable.strerror}): set {key} to a writable directory, or fix the permissions "
+                              "(or space) of this one", every_rank_meets_it=True)
+        refused = next((cause for cause in causes if isinstance(cause, RunDirectoryError)), None)
+        if refused is not None:
+            # The default directory refused (torchrun without --rdzv-id): every rank resolves it alike. Stopped
+            # here, or Hydra would only warn of it and fail again, with a traceback, creating the directory.
+            stop_with_message(f"error: {refused}", every_rank_meets_it=True)
+        raise
 
 
 def write_hydra_record(run_dir: Path, cfg: DictConfig) -> None:

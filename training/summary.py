@@ -1,19 +1,51 @@
-"""How a run ended, in a few lines at its end: steps done, best and final validation loss, where its state lies,
-and the commands that resume it and tabulate it."""
+"""What a run tells of itself: how far it got (``Progress``), what it trains at its start (``opening_lines``), and
+how it ended, in a few lines at its end: steps done, best and final validation loss, where its state lies, and the
+commands that resume it and tabulate it."""
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from training.provenance import describe_launch
+
 
 @dataclass
 class Progress:
-    """How far the run got: its last completed training step (what a failure record names)."""
+    """How far the run got: its last completed training step (what a failure record names), the tokens trained on
+    by then, and its newest checkpoint (resumed from, or written by this launch: rank 0 alone holds the path of
+    one it wrote)."""
 
     step: int = 0
+    tokens: int = 0
+    checkpoint: Path | None = None
 
 
-def closing_summary(records: list[dict], progress: Progress, max_iters: int, checkpoint: Path | None,
-                    run_dir: Path, resume: str, tabulate_dir: Path) -> list[str]:
+def opening_lines(cfg, data_read: dict, launch: dict | None, num_params: int, world_size: int,
+                  run_dir: Path) -> list[str]:
+    """The lines a launch logs before its first step: the data it reads, the code that runs (``launch``, rank 0
+    only), the model and the global batch, and settings that change what a step computes."""
+    t = cfg.train
+    made_from = f" | made from {data_read['train']['source']}" if data_read["train"]["source"] else ""
+    lines = [f"data {cfg.data.name}: " + " | ".join(f"{split} {read['tokens']:,} tokens in {read['shards']} shard(s)"
+                                                   for split, read in data_read.items()) + made_from]
+    if launch is not None:
+        lines.append(f"launch: {describe_launch(launch)}")
+    tokens_per_step = t.batch_size * t.block_size * t.grad_accum_steps * world_size
+    lines.append(f"model {num_params / 1e6:.2f}M parameters | {world_size} processes | global batch {tokens_per_step} "
+                 f"tokens ({t.batch_size} x {t.block_size} x {t.grad_accum_steps} accumulation x {world_size} ranks) "
+                 f"| run dir {run_dir}")
+    if t.grad_multiplier != 1:
+        lines.append(f"the optimizer receives {t.grad_multiplier:g} x the mean gradient (train.grad_multiplier), "
+                     f"clipped at {t.grad_clip:g}")
+    if t.compile:
+        lines.append(f"the model runs under torch.compile (mode {t.compile_mode}, train.compile_mode)")
+    if t.loss_chunk_size:
+        lines.append(f"the loss and its gradients are computed {t.loss_chunk_size} tokens at a time "
+                     "(train.loss_chunk_size): the full logits are never held")
+    return lines
+
+
+def closing_summary(records: list[dict], progress: Progress, max_iters: int, run_dir: Path, resume: str,
+                    tabulate_dir: Path) -> list[str]:
     """The closing lines of a run whose metrics log holds ``records`` (every launch's, so a resumed run's best
     validation loss may be from before this launch)."""
     ended = "finished" if progress.step >= max_iters else "stopped"
@@ -26,6 +58,6 @@ def closing_summary(records: list[dict], progress: Progress, max_iters: int, che
         val = "no val loss logged"
     again = "resume (raise train.max_iters to train on)" if ended == "finished" else "resume"
     return [f"run {ended} at step {progress.step} of {max_iters} (train.max_iters) | {val}",
-            f"last checkpoint: {checkpoint or 'none'} | run dir: {run_dir}",
+            f"last checkpoint: {progress.checkpoint or 'none'} | run dir: {run_dir}",
             f"{again}: {resume}",
             f"table: python -m scripts.make_table {shlex.quote(str(tabulate_dir))}"]

@@ -2,20 +2,29 @@
 that is refused, diverges or fails is recorded in its own directory (``failure.json``) and the next point runs;
 when the sweep ends the process names each failed point and exits non-zero. One command resumes a run, or a
 sweep in its own directory (``resume_command``); a sweep keeps it in ``resume.sh``."""
+import contextlib
 import datetime
 import json
 import logging
 import os
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
+from configs.schema import ConfigError
+from data.loader import TokenIdOutOfRange
 from training.atomic import atomic_file
+from training.checkpoint import CheckpointReadError, CheckpointSaveError, UnreadableCheckpoints
+from training.distributed import stop_with_message
 from training.divergence import TrainingDiverged
+from training.preemption import TerminatedEarlier
+from training.provenance import DifferentCodeOnRanks
 from training.run_dir import RunDirectoryError, RunDirectoryLock
+from training.summary import Progress
 
 log = logging.getLogger("train")
 
@@ -26,6 +35,12 @@ LAUNCH_ARGUMENTS = ("hydra.run.dir=", "hydra.sweep.dir=", "train.resume=", "trai
 
 # (run directory, why it failed or None) of each sweep point this process ran, in order.
 _points: list[tuple[Path, str | None]] = []
+# Bad input, divergence and storage faults end a run with their one message, not a traceback.
+ERRORS_TOLD_IN_ONE_LINE = (ValueError, FileNotFoundError, TrainingDiverged, CheckpointSaveError,
+                           UnreadableCheckpoints, CheckpointReadError)
+# Faults found alike by every rank (the config, or agreed on by a gather): under torchrun rank 0 alone tells them.
+ERRORS_EVERY_RANK_MEETS = (ConfigError, RunDirectoryError, TrainingDiverged, CheckpointSaveError, DifferentCodeOnRanks,
+                           TokenIdOutOfRange)
 
 
 def in_sweep() -> bool:
@@ -52,6 +67,43 @@ def write_resume_script() -> None:
         script.chmod(0o755)
     except OSError as err:
         log.warning("could not write %s: %s", script, err)
+
+
+@contextlib.contextmanager
+def failures_recorded(run_dir: Path) -> Iterator[Progress]:
+    """Around one run, or one point of a sweep: yields the run's ``Progress``, and records how the run ended.
+
+    A failed run is recorded in ``run_dir`` (``failure.json``); a single run then stops with its one message, a
+    sweep goes on to its next point (and ``sweep_report`` names the failed ones at its end). A termination
+    signal stops the whole sweep. An unexpected error of a single run keeps its traceback.
+    """
+    sweep, progress = in_sweep(), Progress()
+    if sweep:
+        write_resume_script()
+    try:
+        yield progress
+    except TerminatedEarlier as err:
+        raise SystemExit("\n".join([*sweep_report(), f"error: {err}"])) from None
+    except ERRORS_TOLD_IN_ONE_LINE as err:
+        end_failed(run_dir, err, f"{err}", progress.step, sweep)
+    except Exception as err:
+        if not sweep:
+            raise
+        log.exception("sweep point %s failed", run_dir)  # the traceback goes to its train.log; the sweep goes on
+        end_failed(run_dir, err, f"{type(err).__name__}: {err}", progress.step, sweep)
+    else:
+        if sweep:
+            point_ended(run_dir)
+
+
+def end_failed(run_dir: Path, err: Exception, reason: str, step: int, sweep: bool) -> None:
+    """Record the failure in ``run_dir``; a single run stops with its one message, a sweep goes on to its next
+    point."""
+    record_failure(run_dir, err, reason, step)
+    if not sweep:
+        stop_with_message(f"error: {reason}", every_rank_meets_it=isinstance(err, ERRORS_EVERY_RANK_MEETS))
+    log.error("error: %s", reason)
+    point_ended(run_dir, reason)
 
 
 def failure_kind(err: BaseException) -> str:

@@ -1,4 +1,5 @@
-"""Validation loss at an evaluation: which windows are scored, and the mean loss over them.
+"""What an evaluation during training scores: the validation loss (which windows, and the mean loss over them), and
+HellaSwag accuracy.
 
 Two procedures (``train.eval_sampling``):
 
@@ -20,6 +21,7 @@ import torch
 
 from configs.schema import EvalSampling
 from data.loader import TokenBatches
+from evaluation.hellaswag import correct_counts
 from training.distributed import DistributedContext, sum_across_ranks
 
 FIXED_WINDOWS_STEP = 0  # the fixed windows are those the validation generator draws for step 0
@@ -54,3 +56,12 @@ def validation_losses(model, batches: TokenBatches, eval_iters: int, sampling: E
         return {"val/loss": fixed}
     fresh = estimate_val_loss(model, batches, eval_iters, autocast, ctx, window_step=step)
     return {"val/loss": fresh, "val/loss_fixed": fixed}
+
+
+def hellaswag_accuracy(model, items: list, autocast, ctx: DistributedContext) -> dict[str, float]:
+    """HellaSwag accuracy on ``items``: each rank scores every world_size-th item; the counts add up to the whole
+    set's."""
+    counts = correct_counts(model, items[ctx.rank :: ctx.world_size], ctx.device, autocast,
+                            max_length=model.config.block_size)
+    correct, correct_norm = (sum_across_ranks(count, ctx) for count in counts)
+    return {"hellaswag/acc": correct / len(items), "hellaswag/acc_norm": correct_norm / len(items)}

@@ -52,11 +52,15 @@ def test_batch_at_step_k_is_the_same_whether_or_not_earlier_steps_were_drawn(sam
 
 
 @pytest.mark.parametrize("sampling", MODES)
-def test_peek_is_the_batch_the_next_step_draws(sampling):
-    batches = _batches(np.arange(50_000), sampling=sampling, grad_accum_steps=3)
+def test_the_next_steps_batch_drawn_ahead_is_the_batch_that_step_then_draws(sampling):
+    # Exact MARS takes its look-ahead gradient on step + 1's batch before step runs.
+    ahead, in_order = (_batches(np.arange(50_000), sampling=sampling, grad_accum_steps=3) for _ in range(2))
     for step, micro_step in [(0, 0), (5, 2), (123, 1)]:
-        peeked, drawn = batches.peek(step, micro_step), batches.batch(step + 1, micro_step)
-        assert torch.equal(peeked[0], drawn[0]) and torch.equal(peeked[1], drawn[1])
+        early = ahead.batch(step + 1, micro_step)
+        ahead.batch(step, micro_step)
+        in_order.batch(step, micro_step)
+        assert all(torch.equal(a, b) for a, b in zip(early, in_order.batch(step + 1, micro_step)))
+        assert all(torch.equal(a, b) for a, b in zip(early, ahead.batch(step + 1, micro_step)))
 
 
 @pytest.mark.parametrize("sampling", MODES)
@@ -72,7 +76,8 @@ def test_sequential_windows_are_contiguous_in_order_and_wrap_around_counting_epo
     assert batches.windows_per_epoch == windows
     assert _starts(batches, 0) == [0, 16, 32, 48] and _starts(batches, 1) == [64, 80, 96, 112]
     assert _starts(batches, 2) == [128, 144, 0, 16]  # the split runs out: the next epoch begins
-    assert [batches.epoch(step) for step in range(6)] == [0, 0, 0, 1, 1, 2]  # of the first window
+    # The first window of steps 0-5 is window 0, 4, 8, 12, 16, 20 of the stream: 0, 4, 8, 2, 6, 0 of its epoch
+    assert [_starts(batches, step)[0] for step in range(6)] == [0, 64, 128, 32, 96, 0]
     x, _ = batches.batch(0)
     assert torch.equal(x.flatten(), torch.arange(64))
 

@@ -9,11 +9,12 @@ from omegaconf import OmegaConf
 
 from configs.schema import OPTIMIZER_SCHEMAS, ModelConfig, register_configs
 from model import GPT, GPTConfig
-from train import resume_from
+from training import resume
 from training.checkpoint import CheckpointReadError, save_checkpoint
 from training.distributed import DistributedContext
 from training.optimizers import build_optimizer
-from training.resume import STATE_DEFINING_KEYS, ResumeRefused, check_resumable, config_changes
+from training.resume import (STATE_DEFINING_KEYS, ResumeRefused, check_resumable, config_changes,
+                             resume_from)
 from training.runtime import rng_state
 from training.schedule import apply_schedule, learning_rate
 
@@ -127,37 +128,31 @@ def test_every_state_defining_key_is_a_config_key():
 
 
 def test_ranks_that_found_different_newest_checkpoints_stop_naming_each_ranks(monkeypatch, tmp_path):
-    import train
-
     save_checkpoint(tmp_path, 20, {"step": 20}, keep=2)
     outcomes = [("found", "ckpt_00000020.pt"), ("found", "ckpt_00000010.pt")]  # rank 1 lags (an NFS cache)
-    monkeypatch.setattr(train, "all_gather_objects", lambda outcome, ctx: outcomes)
+    monkeypatch.setattr(resume, "all_gather_objects", lambda outcome, ctx: outcomes)
     with pytest.raises(ValueError, match=r"rank 0: ckpt_00000020.pt, rank 1: ckpt_00000010.pt"):
-        train.find_resume_checkpoint(tmp_path, torch.device("cpu"), DistributedContext())
+        resume.find_resume_checkpoint(tmp_path, torch.device("cpu"), DistributedContext())
     outcomes = [("found", "ckpt_00000020.pt")] * 2
-    path, state = train.find_resume_checkpoint(tmp_path, torch.device("cpu"), DistributedContext())
+    path, state = resume.find_resume_checkpoint(tmp_path, torch.device("cpu"), DistributedContext())
     assert path.name == "ckpt_00000020.pt" and state["step"] == 20
 
 
 def test_a_rank_that_cannot_read_any_checkpoint_stops_every_rank_not_only_itself(monkeypatch, tmp_path):
-    import train
-
     save_checkpoint(tmp_path, 20, {"step": 20}, keep=2)
     outcomes = [("found", "ckpt_00000020.pt"), ("error", "none of the 1 checkpoints in /run can be read")]
-    monkeypatch.setattr(train, "all_gather_objects", lambda outcome, ctx: outcomes)
+    monkeypatch.setattr(resume, "all_gather_objects", lambda outcome, ctx: outcomes)
     with pytest.raises(CheckpointReadError, match=r"rank 1 cannot resume: none of the 1 checkpoints"):
-        train.find_resume_checkpoint(tmp_path, torch.device("cpu"), DistributedContext())
+        resume.find_resume_checkpoint(tmp_path, torch.device("cpu"), DistributedContext())
 
 
 def test_a_rank_that_fails_to_load_tells_the_others_before_it_stops(monkeypatch, tmp_path):
-    import train
-
     def out_of_memory(run_dir, device):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     told = []
-    monkeypatch.setattr(train, "latest_checkpoint", out_of_memory)
-    monkeypatch.setattr(train, "all_gather_objects", lambda outcome, ctx: told.append(outcome) or [outcome] * 2)
+    monkeypatch.setattr(resume, "latest_checkpoint", out_of_memory)
+    monkeypatch.setattr(resume, "all_gather_objects", lambda outcome, ctx: told.append(outcome) or [outcome] * 2)
     with pytest.raises(torch.OutOfMemoryError):  # its own error, after the others have heard of it
-        train.find_resume_checkpoint(tmp_path, torch.device("cpu"), DistributedContext())
+        resume.find_resume_checkpoint(tmp_path, torch.device("cpu"), DistributedContext())
     assert told == [("error", "CUDA out of memory")]

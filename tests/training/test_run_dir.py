@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from configs import schema
+from training import run_dir as run_dir_module
 from training.checkpoint import CheckpointSaveError, checkpoint_dir, latest_checkpoint, save_checkpoint
 from training.metrics import read_metrics
 from training.run_dir import (RunDirectoryError, RunDirectoryLock, claim_for_fresh_start,
@@ -145,7 +145,7 @@ def test_a_run_whose_deleted_run_lock_another_run_took_stops_before_writing_nami
 
 def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(schema, "_claimed_run_dirs", {})
+    monkeypatch.setattr(run_dir_module, "_claimed_run_dirs", {})
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
 
     class FrozenClock(datetime.datetime):
@@ -153,19 +153,19 @@ def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, mon
         def now(cls, tz=None):
             return datetime.datetime(2026, 11, 23, 12, 0, 0)
 
-    monkeypatch.setattr(schema.datetime, "datetime", FrozenClock)
-    first = schema.unique_run_dir("outputs")
-    assert schema.unique_run_dir("outputs") == first  # one claim per process
-    schema._claimed_run_dirs.clear()  # as another process would
-    second = schema.unique_run_dir("outputs")
+    monkeypatch.setattr(run_dir_module.datetime, "datetime", FrozenClock)
+    first = run_dir_module.unique_run_dir("outputs")
+    assert run_dir_module.unique_run_dir("outputs") == first  # one claim per process
+    run_dir_module._claimed_run_dirs.clear()  # as another process would
+    second = run_dir_module.unique_run_dir("outputs")
     assert (first, second) == ("outputs/2026-11-23/12-00-00", "outputs/2026-11-23/12-00-00-2")
     assert Path(first).is_dir() and Path(second).is_dir()
 
 
 def test_torchrun_ranks_share_the_run_id_directory(monkeypatch):
-    monkeypatch.setattr(schema, "_claimed_run_dirs", {})
+    monkeypatch.setattr(run_dir_module, "_claimed_run_dirs", {})
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc123")
-    assert schema.unique_run_dir("outputs") == "outputs/torchrun-abc123"
+    assert run_dir_module.unique_run_dir("outputs") == "outputs/torchrun-abc123"
 
 
 @pytest.mark.slow

@@ -1,0 +1,60 @@
+"""The run's checkpoint at a step: what it holds, written by rank 0 while it holds the run directory's lock, and
+agreed on by every rank before any of them goes on (or stops)."""
+from pathlib import Path
+
+from training.checkpoint import CheckpointSaveError, checkpoint_step, save_checkpoint
+from training.distributed import DistributedContext, all_gather_objects
+from training.divergence import TrainingDiverged, non_finite_entries, non_finite_state_message
+from training.optimizers import full_state_dict
+from training.run_dir import RunDirectoryError, RunDirectoryLock
+from training.runtime import rng_state
+from training.summary import Progress
+from training.sweep import resume_command
+
+
+def save_run_checkpoint(run_dir: Path, progress: Progress, model, optimizer, config: dict, wandb_run_id: str | None,
+                        skipped_steps: int, keep: int, lock: RunDirectoryLock, ctx: DistributedContext) -> Path | None:
+    """Write the checkpoint of ``progress.step`` and keep the newest ``keep``; returns its path (rank 0; None on
+    the other ranks).
+
+    Every rank raises alike when rank 0 could not write it (:class:`CheckpointSaveError`, saying how much work is
+    lost) or found a NaN/inf in the state (:class:`TrainingDiverged`: such a checkpoint would be resumed from).
+    """
+    step = progress.step
+    rng_states = all_gather_objects(rng_state(), ctx)
+    optimizer_state = full_state_dict(optimizer)
+    path, failure, diverged = None, None, None
+    if ctx.is_main:
+        state = {"model": model.state_dict(), "optimizer": optimizer_state, "step": step,
+                 "tokens": progress.tokens, "rng": rng_states, "config": config,
+                 "wandb_run_id": wandb_run_id, "skipped_steps": skipped_steps}
+        non_finite = non_finite_entries(state["model"], optimizer_state)
+        if non_finite:
+            diverged = non_finite_state_message(step, non_finite, progress.checkpoint, resume_command())
+        else:
+            try:
+                lock.hold_on()
+                path = save_checkpoint(run_dir, step, state, keep=keep)
+            except CheckpointSaveError as err:
+                failure = lost_work_message(err, step, progress.checkpoint)
+            except RunDirectoryError as err:
+                failure = f"the checkpoint of step {step} was not written: {err}"
+    # A gather, not a barrier: nobody moves on (or exits) before the checkpoint is on disk, and a failed or refused
+    # save stops every rank.
+    outcomes = all_gather_objects((failure, diverged), ctx)
+    if any(diverged for _, diverged in outcomes):
+        raise TrainingDiverged(next(diverged for _, diverged in outcomes if diverged))
+    failures = [failure for failure, _ in outcomes if failure]
+    if failures:
+        raise CheckpointSaveError(failures[0])
+    return path
+
+
+def lost_work_message(err: CheckpointSaveError, step: int, previous: Path | None) -> str:
+    """What failed, what is kept and how many steps a resume repeats."""
+    if previous is None:
+        kept = f"no earlier checkpoint exists: all {step} steps are lost"
+    else:
+        kept = (f"the previous checkpoint {previous} is intact: {step - checkpoint_step(previous)} steps are lost "
+                "and a resume repeats them")
+    return f"{err} (step {step}); {kept}. Free space or fix the directory, then resume: {resume_command()}"
