@@ -294,17 +294,14 @@ def labelled_run(run_dir: Path, cfg: dict, records: list[dict], failure: dict | 
     # A run that logged no training step (it failed or stopped before) has the config's on one process.
     tokens_per_step = step["tokens"] / step["step"] if step else configured_tokens_per_step(cfg["train"])
     budget = cfg["train"]["max_iters"] * tokens_per_step
-    check_written_by_this_version(run_dir, cfg["optimizer"])
-    # Keys a run saved before they joined the schema ran at their default: fill them in, so that such runs and
-    # later ones at the default count as one setting.
-    train_defaults = schema_defaults(TrainConfig)
+    check_written_by_this_version(run_dir, cfg)
     corpus = corpus_of(cfg["data"])
     # The corpus stands for data.name and data.dir: its shard directory tells a custom corpus, not a named one.
-    data_cfg = {**schema_defaults(DataConfig), **cfg["data"], "name": corpus}
-    setting = {"model": {**schema_defaults(ModelConfig), **cfg["model"]},
+    data_cfg = {**cfg["data"], "name": corpus}
+    setting = {"model": cfg["model"],
                "optimizer": without_defaults(cfg["optimizer"]),
                "data": {key: value for key, value in data_cfg.items() if key != "dir"},
-               "train": {key: cfg["train"].get(key, train_defaults.get(key)) for key in SETTING_KEYS},
+               "train": {key: cfg["train"][key] for key in SETTING_KEYS},
                "tokens_per_step": tokens_per_step}
     # A run resumed with changed settings ran part of its steps under others than its saved config says: it is
     # a setting of its own, never a seed of the config it ended with.
@@ -331,14 +328,17 @@ class OlderVersionRun(ValueError):
     """A run directory that an older version of this project wrote: what it ran is not known for certain."""
 
 
-def check_written_by_this_version(run_dir: Path, optimizer_cfg: dict) -> None:
-    """Raise :class:`OlderVersionRun` if the run's saved optimizer config lacks keys of its schema: an older version
-    wrote it, and the values it ran for them (not always today's defaults) are unknown."""
-    entry = OPTIMIZERS.get(optimizer_cfg["name"])
-    missing = [f.name for f in dataclasses.fields(entry.schema) if f.name not in optimizer_cfg] if entry else []
+def check_written_by_this_version(run_dir: Path, cfg: dict) -> None:
+    """Raise :class:`OlderVersionRun` if the run's saved config lacks keys of the schema: an older version wrote
+    it, and the values it ran for them (not always today's defaults) are unknown."""
+    entry = OPTIMIZERS.get(cfg["optimizer"]["name"])
+    schemas = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig,
+               "optimizer": entry.schema if entry else None}
+    missing = [f"{section}.{f.name}" for section, schema in schemas.items() if schema is not None
+               for f in dataclasses.fields(schema) if f.name not in cfg[section]]
     if missing:
-        raise OlderVersionRun(f"{run_dir}: left out, written by an older version of this project (its optimizer "
-                              f"config has no {', '.join(missing)}): train it again to tabulate it")
+        raise OlderVersionRun(f"{run_dir}: left out, written by an older version of this project (its config has "
+                              f"no {', '.join(missing)}): train it again to tabulate it")
 
 
 def readable_runs(run_dirs: list[Path]) -> tuple[list[Run], list[str]]:
@@ -435,15 +435,6 @@ def directory_parts(directory: str) -> tuple[str, ...]:
 def common_tail_length(parts: tuple[str, ...], other: tuple[str, ...]) -> int:
     """How many trailing names two paths share."""
     return sum(1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], zip(reversed(parts), reversed(other))))
-
-
-def schema_defaults(schema: type) -> dict:
-    """The defaults of a config dataclass, as they read back from a saved config (enums as their values)."""
-    defaults = {}
-    for f in dataclasses.fields(schema):
-        if f.default is not dataclasses.MISSING and f.default != "???":
-            defaults[f.name] = getattr(f.default, "value", as_yaml(f.default))
-    return defaults
 
 
 # Optimizer keys that do not change what a run computes: how Newton-Schulz is launched (the same kernels).

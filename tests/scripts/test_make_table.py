@@ -411,5 +411,5 @@ def test_a_run_an_older_version_wrote_is_left_out_of_the_table_and_listed_with_w
     main([str(tmp_path / "*"), "--out", str(tmp_path / "table.md")])
     table = capsys.readouterr().out
     assert "| 1 | 6.200 |" in table and "| 2 |" not in table  # one seed: the old run is not pooled with it
-    assert (f"- {old}: left out, written by an older version of this project (its optimizer config has no "
-            "adamw_variant, update_dtype): train it again to tabulate it") in table
+    assert (f"- {old}: left out, written by an older version of this project (its config has no "
+            "optimizer.adamw_variant, optimizer.update_dtype): train it again to tabulate it") in table
