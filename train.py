@@ -35,7 +35,8 @@ from training.run_dir import RunDirectoryLock, locked_run_directory, register_ru
 from training.runtime import autocast_context, peak_flops, resolve_device, resolve_dtype, seed_everything, set_tf32
 from training.schedule import apply_schedule, warn_about_schedule_shortfalls
 from training.summary import Progress, closing_summary, opening_lines
-from training.sweep import clear_failure, failures_recorded, in_sweep, resume_command, sweep_report
+from training.sweep import (clear_failure, failures_recorded, in_sweep, on_every_rank_alike, resume_command,
+                            sweep_report)
 from training.validation import hellaswag_accuracy, validation_losses
 
 log = logging.getLogger("train")
@@ -175,8 +176,8 @@ def load_data(cfg: DictConfig, ctx: DistributedContext) -> tuple[TokenBatches, T
                       seed=t.seed, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device,
                       vocab_size=cfg.model.vocab_size)
     # Validation windows do not depend on train.seed, so seeds of one setting are scored on the same text.
-    return (build_batches(cfg.data, "train", **batch_args),
-            build_batches(cfg.data, "val", **{**batch_args, "seed": VAL_SEED}))
+    return on_every_rank_alike(lambda: (build_batches(cfg.data, "train", **batch_args),
+                                        build_batches(cfg.data, "val", **{**batch_args, "seed": VAL_SEED})), ctx)
 
 
 def build_model_and_optimizer(cfg: DictConfig, ctx: DistributedContext) -> tuple[GPT, torch.optim.Optimizer]:

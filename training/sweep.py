@@ -9,8 +9,9 @@ import logging
 import os
 import shlex
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -19,7 +20,7 @@ from configs.schema import ConfigError
 from data.loader import TokenIdOutOfRange
 from training.atomic import atomic_file
 from training.checkpoint import CheckpointReadError, CheckpointSaveError, UnreadableCheckpoints
-from training.distributed import stop_with_message
+from training.distributed import DistributedContext, all_gather_objects, stop_with_message
 from training.divergence import TrainingDiverged
 from training.preemption import TerminatedEarlier
 from training.provenance import DifferentCodeOnRanks
@@ -38,9 +39,40 @@ _points: list[tuple[Path, str | None]] = []
 # Bad input, divergence and storage faults end a run with their one message, not a traceback.
 ERRORS_TOLD_IN_ONE_LINE = (ValueError, FileNotFoundError, TrainingDiverged, CheckpointSaveError,
                            UnreadableCheckpoints, CheckpointReadError)
+T = TypeVar("T")
+
+
+class FaultOfEveryRank(ValueError):
+    """One fault met alike (the same message) by every rank, such as shards none of them can use."""
+
+
+class FaultOfAnotherRank(ValueError):
+    """This rank is fine, but another one stopped: this one must stop too rather than wait for it."""
+
+
 # Faults found alike by every rank (the config, or agreed on by a gather): under torchrun rank 0 alone tells them.
 ERRORS_EVERY_RANK_MEETS = (ConfigError, RunDirectoryError, TrainingDiverged, CheckpointSaveError, DifferentCodeOnRanks,
-                           TokenIdOutOfRange)
+                           TokenIdOutOfRange, FaultOfEveryRank, FaultOfAnotherRank)
+
+
+def on_every_rank_alike(make: Callable[[], T], ctx: DistributedContext) -> T:
+    """``make()`` on every rank, where a fault may be every rank's (shards none can read) or one node's (a file
+    system it lacks): either way every rank stops, none waiting at the next collective for a stopped one, and a
+    fault every rank met alike is told once."""
+    try:
+        made, problem = make(), None
+    except Exception as err:  # whatever stops this rank must stop the others too
+        made, problem = None, err
+    messages = all_gather_objects(None if problem is None else f"{problem}", ctx)
+    if problem is not None:
+        if ctx.world_size > 1 and isinstance(problem, ERRORS_TOLD_IN_ONE_LINE) and len(set(messages)) == 1:
+            raise FaultOfEveryRank(f"{problem}") from problem
+        raise problem
+    failed = [(rank, message) for rank, message in enumerate(messages) if message is not None]
+    if failed:
+        rank, message = failed[0]
+        raise FaultOfAnotherRank(f"rank {rank} stopped: {message}")
+    return made
 
 
 def in_sweep() -> bool:
@@ -107,6 +139,8 @@ def end_failed(run_dir: Path, err: Exception, reason: str, step: int, sweep: boo
 
 
 def failure_kind(err: BaseException) -> str:
+    if isinstance(err, FaultOfEveryRank):
+        err = err.__cause__
     if isinstance(err, TrainingDiverged):
         return "diverged"
     if isinstance(err, (ValueError, FileNotFoundError)):  # the config, the data or the directory refused
