@@ -2,6 +2,7 @@
 another run's checkpoints or log, and a directory that cannot be written is found before any step is lost."""
 import contextlib
 import datetime
+import hashlib
 import errno
 import fcntl
 import itertools
@@ -222,10 +223,27 @@ def unique_run_dir(parent: str = "outputs") -> str:
         return candidate
 
 
+# File systems refuse names longer than 255 bytes; a sweep point's name keeps its start readable below that.
+MAX_POINT_NAME_BYTES = 200
+
+
+def sweep_point_name(num: int, overrides: str) -> str:
+    """A sweep point's directory name, ``<num>_<its overrides>``: a name too long for the file system is cut and
+    ends in a hash of the whole, so that it stays unique and a resumed sweep finds the same directory."""
+    name = f"{num}_{overrides}"
+    if len(name.encode()) <= MAX_POINT_NAME_BYTES:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    return name.encode()[:MAX_POINT_NAME_BYTES - len(digest) - 1].decode(errors="ignore") + f"-{digest}"
+
+
 def register_run_dir_resolver() -> None:
-    """Let configs/config.yaml name its default run and sweep directories ``${unique_run_dir:outputs}``."""
+    """Let configs/config.yaml name its default run and sweep directories ``${unique_run_dir:outputs}``, and a
+    sweep's points ``${sweep_point_name:...}``."""
     if not OmegaConf.has_resolver("unique_run_dir"):
         OmegaConf.register_new_resolver("unique_run_dir", unique_run_dir, use_cache=True)
+    if not OmegaConf.has_resolver("sweep_point_name"):
+        OmegaConf.register_new_resolver("sweep_point_name", sweep_point_name)
 
 
 def check_writable(run_dir: Path) -> None:

@@ -165,3 +165,19 @@ def test_resuming_a_finished_run_needs_neither_its_checkpoint_loaded_nor_its_dat
     result = subprocess.run([*command, "train.resume=true"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "already at train.max_iters=2: nothing to do (raise train.max_iters to train on)" in result.stdout
+
+
+def test_a_point_whose_overrides_make_a_name_too_long_for_the_file_system_runs_and_resumes_in_its_directory(
+        tmp_path):
+    # Hydra names a point by its overrides; past 255 bytes the file system refuses the name (ENAMETOOLONG).
+    many = ["train.seed=7", "train.grad_clip=0.5", "train.keep_checkpoints=1", "train.checkpoint_interval=100",
+            "train.min_lr=0", "optimizer.weight_decay=0.01", "optimizer.gamma=0.02"]
+    result = sweep(tmp_path, "train.max_iters=1", "train.eval_interval=1", *many, "optimizer.lr=2e-3,1e-3")
+    assert result.returncode == 0, result.stderr
+    long_point, short_point = point(tmp_path, 0), point(tmp_path, 1)
+    assert len(long_point.name) <= 200 and long_point.name.startswith("0_")
+    assert last_step(long_point) == 1 and last_step(short_point) == 1
+    again = subprocess.run(["sh", str(tmp_path / "resume.sh")], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert sorted(path.name for path in tmp_path.iterdir() if path.is_dir()) == sorted(
+        [long_point.name, short_point.name])  # the resume found the same two directories
