@@ -36,7 +36,7 @@ from training.runtime import autocast_context, peak_flops, resolve_device, resol
 from training.schedule import apply_schedule, warn_about_schedule_shortfalls
 from training.summary import Progress, closing_summary, opening_lines
 from training.sweep import (clear_failure, failures_recorded, in_sweep, on_every_rank_alike, resume_command,
-                            sweep_report)
+                            stop_alike_on_bad_token_ids, sweep_report)
 from training.validation import hellaswag_accuracy, validation_losses
 
 log = logging.getLogger("train")
@@ -125,7 +125,8 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
         step_scalars = compute_gradients(train_model, model, optimizer, train_batches, step, t, autocast, lookahead)
         # The loss is the mean over ranks: what is logged, and a NaN/inf on any rank reaches all of them. Read
         # every step (the step's one host sync) so that a divergence names the exact step it happened at.
-        train_loss, grad_norm, lookahead_norm, preempted = read_step_scalars(*step_scalars, preemption.received, ctx)
+        train_loss, grad_norm, lookahead_norm, preempted = read_step_scalars(*step_scalars, preemption.received,
+                                                                                   train_batches, ctx)
         if guard.allows_update(step + 1, train_loss, grad_norm, progress.checkpoint, lookahead_norm):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -240,17 +241,20 @@ def clip_gradients(model, max_norm: float) -> torch.Tensor:
 
 
 def read_step_scalars(loss: torch.Tensor, grad_norm: torch.Tensor, lookahead_norm: torch.Tensor, preempted: bool,
-                      ctx: DistributedContext) -> tuple[float, float, float, bool]:
-    """The step's loss (mean over ranks), gradient norms and whether any rank got a termination signal.
+                      batches: TokenBatches, ctx: DistributedContext) -> tuple[float, float, float, bool]:
+    """The step's loss (mean over ranks), gradient norms and whether any rank got a termination signal; every
+    rank stops here, before the update, if any rank's batches held a token id beyond the vocabulary.
 
     One all-reduce and one host sync for them all, instead of one each: the GPU's queue drains only once a step.
     The norms are those of the all-reduced gradients, the same on every rank, so every rank decides alike.
     """
-    summed = torch.stack([loss, loss.new_full((), float(preempted))])
+    flags = (float(preempted), float(batches.bad_token_position is not None))
+    summed = torch.stack([loss, *(loss.new_full((), flag) for flag in flags)])  # fills: no host-to-device copy
     if ctx.enabled:
         dist.all_reduce(summed)
-    loss_sum, preempting_ranks, grad_norm, lookahead_norm = torch.cat(
+    loss_sum, preempting_ranks, ranks_with_bad_ids, grad_norm, lookahead_norm = torch.cat(
         [summed, torch.stack([grad_norm, lookahead_norm]).double()]).tolist()
+    stop_alike_on_bad_token_ids(batches, ranks_with_bad_ids, ctx)
     return loss_sum / ctx.world_size, grad_norm, lookahead_norm, preempting_ranks > 0
 
 

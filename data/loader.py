@@ -87,7 +87,8 @@ def split_files(data_dir: Path, split: str) -> list[Path]:
 
 
 class TokenIdOutOfRange(ShardError):
-    """A batch holds a token id the model has no embedding for; found alike by every rank (the global batch's)."""
+    """A batch holds a token id the model has no embedding for; told alike by every rank (see
+    ``TokenBatches._screen_token_ids``)."""
 
 
 class ShardedTokens:
@@ -246,23 +247,20 @@ class TokenBatches:
             _check_shards_hold_a_window(tokens, split, block_size)
         self.rank, self.world_size, self.device = rank, world_size, device
         self.vocab_size = vocab_size  # ids at or above it are refused batch by batch (None: not checked)
+        self.bad_token_position: int | None = None  # see _screen_token_ids
 
-    def _first_window(self, step: int, micro_step: int, rank: int | None = None) -> int:
-        """Sequential mode: the global index of a rank's (this one's unless given) first window of micro-batch
-        (step, micro_step)."""
-        rank = self.rank if rank is None else rank
-        return ((step * self.grad_accum_steps + micro_step) * self.world_size + rank) * self.batch_size
+    def _first_window(self, step: int, micro_step: int) -> int:
+        """Sequential mode: the global index of this rank's first window of micro-batch (step, micro_step)."""
+        return ((step * self.grad_accum_steps + micro_step) * self.world_size + self.rank) * self.batch_size
 
-    def window_starts(self, step: int, micro_step: int = 0, rank: int | None = None) -> np.ndarray:
-        """Token offsets of the micro-batch's windows in the split's stream (those of rank ``rank``: this one's
-        unless given)."""
-        rank = self.rank if rank is None else rank
+    def window_starts(self, step: int, micro_step: int = 0) -> np.ndarray:
+        """Token offsets of this rank's windows of the micro-batch in the split's stream."""
         if self.sampling == Sampling.sequential:
-            windows = self._first_window(step, micro_step, rank) + np.arange(self.batch_size)
+            windows = self._first_window(step, micro_step) + np.arange(self.batch_size)
             return (windows % self.windows_per_epoch) * self.block_size
         # Seeded by the global micro-batch index, so that N ranks draw what one process with N times the
         # accumulation would.
-        global_micro_step = micro_step * self.world_size + rank
+        global_micro_step = micro_step * self.world_size + self.rank
         rng = np.random.default_rng([self.seed, _SPLIT_IDS[self.split], step, global_micro_step])
         if self.sampling == Sampling.random_shard:
             shard = rng.integers(len(self.tokens.shards))
@@ -273,7 +271,7 @@ class TokenBatches:
     def batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         starts = self.window_starts(step, micro_step)
         windows = self._read_windows(starts)
-        self._check_global_batch(step, micro_step, windows)
+        self._screen_token_ids(windows, starts)
         x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))
         y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))
         if self.device.type == "cuda":
@@ -283,33 +281,33 @@ class TokenBatches:
     def _read_windows(self, starts: np.ndarray) -> np.ndarray:
         return np.stack([self.tokens.read(int(s), self.block_size + 1) for s in starts]).astype(np.int64)
 
-    def _check_global_batch(self, step: int, micro_step: int, windows: np.ndarray) -> None:
-        """Check the token ids of every rank's windows of the micro-batch, in rank order, this rank's ``windows``
-        among them: a bad id then stops every rank alike, with the same message, before the micro-batch's
-        collectives (one rank stopping alone would leave the others waiting for it until the distributed timeout,
-        where no torchrun agent ends them). It costs a host read of the global batch, no device work."""
-        if self.vocab_size is None:
-            return
-        for rank in range(self.world_size):
-            starts = self.window_starts(step, micro_step, rank)
-            self._check_token_ids(windows if rank == self.rank else self._read_windows(starts), starts)
+    def _screen_token_ids(self, windows: np.ndarray, starts: np.ndarray) -> None:
+        """Find ids the model has no embedding for, here on the host, where it costs a max over this rank's
+        batch: on the device they fail as an index error (a device-side assert on CUDA). The start-up check
+        reads only a sample of shards without a manifest, and a manifest can be out of date.
 
-    def _check_token_ids(self, windows: np.ndarray, starts: np.ndarray) -> None:
-        """Refuse ids the model has no embedding for, here on the host, where it costs a max over the batch: on
-        the device they fail as an index error (a device-side assert on CUDA). The start-up check reads only a
-        sample of shards without a manifest, and a manifest can be out of date."""
+        A single process stops at once. Under several ranks, stopping one alone would leave the others waiting
+        for it at the micro-batch's collectives until the distributed timeout (where no torchrun agent ends
+        them): the bad ids are set to 0 so that the batch runs, their first position is kept, and the step's
+        all-reduce tells every rank (``stop_on_bad_token_ids``) before the optimizer updates anything."""
         if self.vocab_size is None or windows.max() < self.vocab_size:
             return
         row = int(np.argmax(windows.max(axis=1)))
-        column = int(np.argmax(windows[row] >= self.vocab_size))
-        position = int(starts[row]) + column
+        position = int(starts[row]) + int(np.argmax(windows[row] >= self.vocab_size))
+        if self.world_size == 1:
+            raise TokenIdOutOfRange(self.bad_token_id_message(position))
+        self.bad_token_position = position if self.bad_token_position is None else self.bad_token_position
+        windows[windows >= self.vocab_size] = 0
+
+    def bad_token_id_message(self, position: int) -> str:
+        """What is wrong with the token at ``position`` of the stream, and how to fix it."""
         shard = int(np.searchsorted(self.tokens.ends, position, side="right"))
         where = self.tokens.paths[shard] if self.tokens.paths else f"shard {shard}"
         offset = position - int(self.tokens.starts[shard])
-        raise TokenIdOutOfRange(
-            f"{where} holds token id {int(windows[row, column])} at token {offset}, but model.vocab_size is "
-            f"{self.vocab_size}: the shards were made with another tokenizer (or their manifest.json is out of "
-            "date); prepare the corpus with the model's tokenizer, or raise model.vocab_size")
+        return (f"{where} holds token id {int(self.tokens.read(position, 1)[0])} at token {offset}, but "
+                f"model.vocab_size is {self.vocab_size}: the shards were made with another tokenizer (or their "
+                "manifest.json is out of date); prepare the corpus with the model's tokenizer, or raise "
+                "model.vocab_size")
 
 
 def build_batches(data_cfg, split: str, *, batch_size: int, block_size: int, grad_accum_steps: int, seed: int,

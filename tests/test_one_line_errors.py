@@ -237,19 +237,22 @@ def test_a_full_set_of_launcher_variables_left_in_the_shell_ends_the_wait_with_o
     assert f"127.0.0.1:{env['MASTER_PORT']}" in last
 
 
-def test_a_token_id_beyond_the_vocabulary_in_one_ranks_batch_stops_every_rank_of_an_srun_launch(tmp_path, corpus):
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_token_id_beyond_the_vocabulary_in_one_ranks_batch_stops_every_rank_of_an_srun_launch(tmp_path, corpus,
+                                                                                                 split):
     # srun starting each rank itself (no torchrun agent to end the others): with sequential windows of 16 tokens,
-    # rank 0's first batch is tokens 0-32, rank 1's 32-64; only rank 1 would meet the id at token 40.
-    tokens = np.array(read_shard(corpus / "train.bin"))
+    # rank 0's first batch is tokens 0-32, rank 1's 32-64; only rank 1 would meet the id at token 40, in its
+    # first training step or in the evaluation at step 0.
+    tokens = np.array(read_shard(corpus / f"{split}.bin"))
     tokens[40] = 60_000  # beyond model.vocab_size (50304); the manifest says otherwise
-    write_shard(corpus / "train.bin", tokens)
+    write_shard(corpus / f"{split}.bin", tokens)
     edit_manifest(corpus, lambda m: [shard.update(max_token_id=50_000) for shard in m["shards"]])
     port = free_port()
     timeout_s = 300
     started = time.monotonic()
     ranks = [subprocess.Popen(
         [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={tmp_path / 'run'}", *SMALL, f"data.dir={corpus}",
-         "data.sampling=sequential", f"train.distributed_timeout_s={timeout_s}"],
+         "data.sampling=sequential", "train.eval_iters=2", f"train.distributed_timeout_s={timeout_s}"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=environment({"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                          "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})) for rank in (0, 1)]

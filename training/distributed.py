@@ -189,12 +189,13 @@ def wrap_data_parallel(model: torch.nn.Module, ctx: DistributedContext) -> torch
     return DistributedDataParallel(model, device_ids=device_ids)
 
 
-def sum_across_ranks(value: float, ctx: DistributedContext) -> float:
+def sums_across_ranks(values: list[float], ctx: DistributedContext) -> list[float]:
+    """Each of ``values`` summed over the ranks, in one all-reduce (float64)."""
     if not ctx.enabled:
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=ctx.device)
     dist.all_reduce(tensor)
-    return tensor.item()
+    return tensor.tolist()
 
 
 def all_gather_objects(obj, ctx: DistributedContext) -> list:

@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from configs.schema import ConfigError
-from data.loader import TokenIdOutOfRange
+from data.loader import TokenBatches, TokenIdOutOfRange
 from training.atomic import atomic_file
 from training.checkpoint import CheckpointReadError, CheckpointSaveError, UnreadableCheckpoints
 from training.distributed import DistributedContext, all_gather_objects, stop_with_message
@@ -73,6 +73,15 @@ def on_every_rank_alike(make: Callable[[], T], ctx: DistributedContext) -> T:
         rank, message = failed[0]
         raise FaultOfAnotherRank(f"rank {rank} stopped: {message}")
     return made
+
+
+def stop_alike_on_bad_token_ids(batches: TokenBatches, ranks_that_met_some: float, ctx: DistributedContext) -> None:
+    """Every rank stops with the same message once any rank's batches held an id beyond the vocabulary
+    (``ranks_that_met_some``: how many, as the step's or the evaluation's all-reduce counted them); the message
+    names the earliest such position any rank met."""
+    if ranks_that_met_some:
+        positions = [p for p in all_gather_objects(batches.bad_token_position, ctx) if p is not None]
+        raise TokenIdOutOfRange(batches.bad_token_id_message(min(positions)))
 
 
 def in_sweep() -> bool:

@@ -22,7 +22,8 @@ import torch
 from configs.schema import EvalSampling
 from data.loader import TokenBatches
 from evaluation.hellaswag import correct_counts
-from training.distributed import DistributedContext, sum_across_ranks
+from training.distributed import DistributedContext, sums_across_ranks
+from training.sweep import stop_alike_on_bad_token_ids
 
 FIXED_WINDOWS_STEP = 0  # the fixed windows are those the validation generator draws for step 0
 
@@ -44,7 +45,10 @@ def estimate_val_loss(model, batches: TokenBatches, eval_iters: int, autocast, c
             _, loss = model(x, y)
         total += loss.float()
     model.train()
-    return sum_across_ranks(total.item(), ctx) / eval_iters
+    met_bad_ids = float(batches.bad_token_position is not None)
+    loss_sum, ranks_with_bad_ids = sums_across_ranks([total.item(), met_bad_ids], ctx)
+    stop_alike_on_bad_token_ids(batches, ranks_with_bad_ids, ctx)
+    return loss_sum / eval_iters
 
 
 def validation_losses(model, batches: TokenBatches, eval_iters: int, sampling: EvalSampling, step: int, autocast,
@@ -63,5 +67,5 @@ def hellaswag_accuracy(model, items: list, autocast, ctx: DistributedContext) ->
     set's."""
     counts = correct_counts(model, items[ctx.rank :: ctx.world_size], ctx.device, autocast,
                             max_length=model.config.block_size)
-    correct, correct_norm = (sum_across_ranks(count, ctx) for count in counts)
+    correct, correct_norm = sums_across_ranks(list(counts), ctx)
     return {"hellaswag/acc": correct / len(items), "hellaswag/acc_norm": correct_norm / len(items)}

@@ -1,10 +1,21 @@
-"""Run under torchrun with 2 ranks: train.read_step_scalars agrees every rank on the loss and the stop signal."""
+"""Run under torchrun with 2 ranks: train.read_step_scalars agrees every rank on the loss and the stop signal, and
+stops every rank alike, before the update, when one rank's batch held a token id beyond the vocabulary."""
 import sys
 
+import numpy as np
 import torch
 
+from data.loader import TokenBatches, TokenIdOutOfRange
 from train import read_step_scalars
 from training.distributed import distributed_session
+
+VOCAB = 50
+
+
+def batches_of(ctx, tokens: np.ndarray) -> TokenBatches:
+    """Sequential windows of 4 tokens, one per rank and step: rank r's first window is tokens 4r to 4r + 4."""
+    return TokenBatches(tokens, "train", batch_size=1, block_size=4, seed=0, sampling="sequential",
+                        rank=ctx.rank, world_size=ctx.world_size, vocab_size=VOCAB)
 
 
 def main() -> int:
@@ -12,11 +23,24 @@ def main() -> int:
     with distributed_session(torch.device("cpu")) as ctx:
         loss = torch.tensor(1.0 + ctx.rank, dtype=torch.float64)  # ranks 0 and 1: losses 1 and 2
         grad_norm, lookahead_norm = torch.tensor(0.5), torch.tensor(0.25)
+        clean = batches_of(ctx, np.arange(64) % VOCAB)
         for signalled_rank in (None, 0, 1):
-            result = read_step_scalars(loss, grad_norm, lookahead_norm, ctx.rank == signalled_rank, ctx)
+            result = read_step_scalars(loss, grad_norm, lookahead_norm, ctx.rank == signalled_rank, clean, ctx)
             expected = (1.5, 0.5, 0.25, signalled_rank is not None)
             if result != expected:
                 failures.append(f"rank {ctx.rank}, signal on rank {signalled_rank}: {result} != {expected}")
+
+        tokens = np.arange(64) % VOCAB
+        tokens[6] = VOCAB + 7  # in rank 1's window only
+        batches = batches_of(ctx, tokens)
+        x, y = batches.batch(0)
+        if int(torch.cat([x, y]).max()) >= VOCAB:
+            failures.append(f"rank {ctx.rank}: an id beyond the vocabulary reached the model: {x}, {y}")
+        try:
+            read_step_scalars(loss, grad_norm, lookahead_norm, False, batches, ctx)
+            failures.append(f"rank {ctx.rank} went on past rank 1's token id {VOCAB + 7}")
+        except TokenIdOutOfRange as err:
+            print(f"rank {ctx.rank}: {err}")
     for failure in failures:
         print(failure, file=sys.stderr)
     return 1 if failures else 0

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -34,9 +35,11 @@ def run_script(script, *args):
                           capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
-def test_one_read_per_step_gives_every_rank_the_mean_loss_the_norms_and_any_ranks_stop_signal():
+def test_one_read_per_step_gives_every_rank_the_mean_loss_the_norms_any_ranks_stop_signal_and_bad_token_ids():
     result = run_script("step_scalars.py")
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    told = sorted(line for line in result.stdout.splitlines() if "holds token id 57 at token 6" in line)
+    assert [line.split(":")[0] for line in told] == ["rank 0", "rank 1"], result.stdout  # the same fault on both
 
 
 def test_ranks_holding_different_code_all_stop_before_training():
@@ -46,13 +49,27 @@ def test_ranks_holding_different_code_all_stop_before_training():
 
 
 def test_a_single_process_reads_its_own_step_scalars():
+    from data.loader import TokenBatches
     from train import read_step_scalars
     from training.distributed import DistributedContext
 
+    batches = TokenBatches(np.arange(64) % 50, "train", batch_size=1, block_size=4, seed=0, vocab_size=50)
     loss, norms = torch.tensor(2.5, dtype=torch.float64), (torch.tensor(float("nan")), torch.tensor(0.0))
-    assert read_step_scalars(loss, *norms, True, DistributedContext())[::3] == (2.5, True)
-    assert read_step_scalars(loss, *norms, False, DistributedContext())[3] is False
-    assert str(read_step_scalars(loss, *norms, False, DistributedContext())[1]) == "nan"
+    assert read_step_scalars(loss, *norms, True, batches, DistributedContext())[::3] == (2.5, True)
+    assert read_step_scalars(loss, *norms, False, batches, DistributedContext())[3] is False
+    assert str(read_step_scalars(loss, *norms, False, batches, DistributedContext())[1]) == "nan"
+
+
+def test_a_single_process_stops_at_the_batch_holding_a_token_id_beyond_the_vocabulary():
+    from data.loader import TokenBatches, TokenIdOutOfRange
+
+    tokens = np.arange(64) % 50
+    tokens[21] = 99
+    batches = TokenBatches(tokens, "train", batch_size=2, block_size=4, seed=0, sampling="sequential",
+                           vocab_size=50)
+    batches.batch(step=1)  # windows 2 and 3: tokens 8 to 16
+    with pytest.raises(TokenIdOutOfRange, match="holds token id 99 at token 21, but model.vocab_size is 50"):
+        batches.batch(step=2)  # tokens 16 to 24
 
 
 @pytest.mark.slow
