@@ -1,0 +1,22 @@
+"""The shape the code keeps so that the next contributor can read it: a training loop in one screen, without
+closures, and a README a newcomer finishes (details live in docs/)."""
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LOOP_LINES = 110  # the loop's def to its last line, docstring included
+README_LINES = 250
+
+
+def test_the_training_loop_reads_in_one_screen_and_train_py_defines_no_closures():
+    functions = {node.name: node for node in ast.parse((REPO / "train.py").read_text()).body
+                 if isinstance(node, ast.FunctionDef)}
+    loop = functions["train_loop"]
+    assert loop.end_lineno - loop.lineno + 1 <= LOOP_LINES
+    nested = [f"{outer.name}.{node.name}" for outer in functions.values() for node in ast.walk(outer)
+              if node is not outer and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    assert nested == [], "train.py's functions define functions or classes inside them"
+
+
+def test_the_readme_is_short_enough_to_finish():
+    assert len((REPO / "README.md").read_text().splitlines()) <= README_LINES
