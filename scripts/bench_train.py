@@ -31,6 +31,7 @@ from data.loader import build_batches
 from model import GPT, GPTConfig
 from scripts.bench_report import run_record, write_report
 from training.optimizers import build_optimizer
+from training.registry import OPTIMIZERS as REGISTRY
 from training.runtime import autocast_context, peak_flops, resolve_dtype
 
 OPTIMIZERS = {  # label: overrides of configs/
@@ -49,9 +50,6 @@ OPTIMIZERS = {  # label: overrides of configs/
     "MARS-M approx CUDA graph": ["optimizer=mars-m", "optimizer.ns_cuda_graph=true"],
     "Moonlight": ["optimizer=moonlight"],
 }
-ORTHOGONALISING = {label for label, overrides in OPTIMIZERS.items()
-                   if {"optimizer=muon", "optimizer=mars-shampoo", "optimizer=mars-m", "optimizer=moonlight"}
-                   & set(overrides)}
 CUDA_ONLY = {label for label, overrides in OPTIMIZERS.items() if "optimizer.ns_cuda_graph=true" in overrides}
 PHASES = ("data", "forward", "backward", "look-ahead", "clip", "optimizer")
 BASELINE = "AdamW"
@@ -76,9 +74,15 @@ def row_label(optimizer: str, loss_chunk_size: int, compile_mode: str = "default
     return label if compile_mode == "default" else f"{label}, compile mode {compile_mode}"
 
 
+def orthogonalises(optimizer_label: str) -> bool:
+    """Whether the row's optimizer runs Newton-Schulz (then ``--ns-dtype`` applies to it), as the registry says."""
+    optimizer_cfg = compose_config(OPTIMIZERS[optimizer_label]).optimizer
+    return REGISTRY[optimizer_cfg.name].orthogonalises(optimizer_cfg)
+
+
 def bench_optimizer(optimizer_label: str, loss_chunk_size: int, args, device: torch.device,
                     compile_mode: str = "default") -> dict:
-    ns_dtype = [f"optimizer.ns_dtype={args.ns_dtype}"] if optimizer_label in ORTHOGONALISING else []
+    ns_dtype = [f"optimizer.ns_dtype={args.ns_dtype}"] if orthogonalises(optimizer_label) else []
     cfg = compose_config([f"model={args.model}", *OPTIMIZERS[optimizer_label], *ns_dtype, *args.override])
     torch.manual_seed(0)
     model_config = GPTConfig(**OmegaConf.to_container(cfg.model))
