@@ -423,6 +423,29 @@ def _replace_directory(out: Path, prepared: Path) -> None:
     log.info("replaced the corpus in %s with the new one", out)
 
 
+def _finish_interrupted_replacement(out: Path, settings: dict) -> dict | None:
+    """An ``--overwrite`` stopped inside ``_replace_directory`` left the old corpus in ``<out>.replaced``: finish
+    what it was doing, so that ``out`` holds one whole corpus and nothing is left behind. Returns the manifest of
+    ``out`` when it now holds that overwrite's complete corpus and it had these settings (nothing is left to do)."""
+    replaced = out.with_name(out.name + REPLACED_SUFFIX)
+    if not replaced.is_dir():
+        return None
+    if not out.exists():  # stopped between the two renames: the new corpus is complete in the staging directory
+        staging = out.with_name(out.name + OVERWRITING_SUFFIX)
+        manifest = read_manifest(staging) if staging.is_dir() else None
+        if manifest is None or not manifest.get("complete"):
+            replaced.rename(out)
+            log.warning("an interrupted --overwrite left no complete new corpus: %s holds the old one again", out)
+            return None
+        staging.rename(out)
+    shutil.rmtree(replaced)
+    manifest = read_manifest(out)
+    log.info("finished an interrupted --overwrite: %s holds its new corpus", out)
+    if manifest and manifest.get("complete") and all(manifest.get(key) == settings[key] for key in SETTINGS_KEYS):
+        return manifest
+    return None
+
+
 def prepare(source: dict, out: str | os.PathLike, *, split: str = FirstDocuments.name,
             shard_size: int = DEFAULT_SHARD_SIZE, val_tokens: int | None = None, test_size: float | None = None,
             documents: int | None = None, workers: int | None = None, command: str = "",
@@ -444,6 +467,9 @@ def prepare(source: dict, out: str | os.PathLike, *, split: str = FirstDocuments
     separator = "<|endoftext|> " + ("before" if rule.eot_first else "after") + " each document"
     settings = {"source": source, "tokenizer": "gpt2", "vocab_size": GPT2_VOCAB_SIZE, "eot_token": GPT2_EOT_TOKEN,
                 "document_separator": separator, "split": rule.settings(), "shard_size": shard_size}
+    finished = _finish_interrupted_replacement(out, settings)
+    if finished is not None:
+        return finished
     if overwrite and out.is_dir() and any(out.iterdir()):
         staging = _overwriting_directory(out, settings)
         manifest = _prepare_into(staging, settings, rule, source, workers, documents, command, shown_as=out)

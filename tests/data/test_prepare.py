@@ -441,3 +441,36 @@ def test_overwrite_refuses_a_directory_this_script_did_not_make(tmp_path, jsonl_
     with pytest.raises(ValueError, match="has no manifest.json: choose another --out"):
         prepare(files_source([jsonl_corpus]), tmp_path, workers=1, overwrite=True)
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("stopped", ["between the renames", "before deleting the old corpus"])
+def test_an_overwrite_stopped_while_it_replaced_the_corpus_is_finished_by_the_next_prepare(
+        tmp_path, jsonl_corpus, english_documents, prepare_settings, monkeypatch, stopped):
+    out, settings = tmp_path / "out", dict(shard_size=prepare_settings["shard_size"], workers=1)
+    prepare(files_source([jsonl_corpus]), out, val_tokens=prepare_settings["val_tokens"], **settings)
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(json.dumps({"text": text}) + "\n" for text in english_documents[:30]))
+    expected = prepare(files_source([small]), tmp_path / "expected", val_tokens=2000, **settings)
+
+    rename, rmtree = Path.rename, data.prepare.shutil.rmtree
+    def killed_rename(self, target):  # the process dies as the new corpus is moved into place
+        if self.name == "out.overwriting":
+            raise KeyboardInterrupt
+        return rename(self, target)
+    def killed_rmtree(path, *args, **kwargs):  # ... or as the old one is deleted
+        if Path(path).name == "out.replaced":
+            raise KeyboardInterrupt
+        return rmtree(path, *args, **kwargs)
+    if stopped == "between the renames":
+        monkeypatch.setattr(Path, "rename", killed_rename)
+    else:
+        monkeypatch.setattr(data.prepare.shutil, "rmtree", killed_rmtree)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(files_source([small]), out, val_tokens=2000, overwrite=True, **settings)
+    monkeypatch.undo()
+    assert (tmp_path / "out.replaced").is_dir()
+
+    monkeypatch.setattr(data.prepare, "_write_documents", lambda *args: pytest.fail("tokenized again"))
+    manifest = prepare(files_source([small]), out, val_tokens=2000, overwrite=True, **settings)
+    assert manifest["tokens"] == expected["tokens"] and shard_bytes(out) == shard_bytes(tmp_path / "expected")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["expected", "out", "small.jsonl"]
