@@ -155,6 +155,22 @@ def test_finished_points_keep_the_last_or_no_checkpoint_as_asked_and_a_resume_of
     assert {run_dir: (run_dir / "metrics.jsonl").read_text() for run_dir in (last, none)} == logs
 
 
+def test_a_resume_that_raises_max_iters_continues_every_point_in_its_directory(tmp_path):
+    # Train the sweep on: the points' names leave out how long and how often they log, so the same directories.
+    first = sweep(tmp_path, "train.max_iters=2", "train.eval_interval=2", "optimizer.lr=1e-3,2e-3")
+    assert first.returncode == 0, first.stderr
+    points = sorted(path.name for path in tmp_path.iterdir() if path.is_dir())
+    longer = sweep(tmp_path, "train.max_iters=4", "train.eval_interval=1", "optimizer.lr=1e-3,2e-3",
+                   "train.resume=true")
+    assert longer.returncode == 0, longer.stderr
+    assert sorted(path.name for path in tmp_path.iterdir() if path.is_dir()) == points
+    for index in (0, 1):
+        records = read_metrics(point(tmp_path, index))
+        assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3, 4]  # steps 1-2 once, then 3-4
+        assert [r["changed"] for r in records if "changed" in r] == [
+            {"train.eval_interval": [2, 1], "train.max_iters": [2, 4]}]
+
+
 def test_resuming_a_finished_run_needs_neither_its_checkpoint_loaded_nor_its_data(tmp_path):
     shards = tmp_path / "shards"
     shutil.copytree(prepare_embedded(), shards)
@@ -170,7 +186,7 @@ def test_resuming_a_finished_run_needs_neither_its_checkpoint_loaded_nor_its_dat
 def test_a_point_whose_overrides_make_a_name_too_long_for_the_file_system_runs_and_resumes_in_its_directory(
         tmp_path):
     # Hydra names a point by its overrides; past 255 bytes the file system refuses the name (ENAMETOOLONG).
-    many = ["train.seed=7", "train.grad_clip=0.5", "train.keep_checkpoints=1", "train.checkpoint_interval=100",
+    many = ["train.seed=7", "train.grad_clip=0.5", "train.decay_iters=100", "train.warmup_iters=1",
             "train.min_lr=0", "optimizer.weight_decay=0.01", "optimizer.gamma=0.02"]
     result = sweep(tmp_path, "train.max_iters=1", "train.eval_interval=1", *many, "optimizer.lr=2e-3,1e-3")
     assert result.returncode == 0, result.stderr
