@@ -48,7 +48,7 @@ def test_submitit_runs_each_sweep_point_as_one_job_of_two_ranks(tmp_path):
     # them into ranks 0 and 1, and the two ranks train one run together (Gloo on the CPU).
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     run_dirs = run_sweep(tmp_path, "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
-                         "+hydra.callbacks.torch_distributed._target_=configs.launcher.TorchDistributedFromSubmitit")
+                         "+hydra.callbacks.torch_distributed._target_=training.launcher.TorchDistributedFromSubmitit")
     for run_dir in run_dirs:
         step = next(json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
                     if "train/loss" in json.loads(line))
@@ -91,7 +91,7 @@ def test_slurm_launcher_submits_one_job_per_point_with_one_task_per_gpu():
     assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
     assert launcher.tasks_per_node == launcher.gpus_per_node == 8 and launcher.nodes == 1
     assert launcher.gpus_per_task is None  # every task sees all GPUs of its node and takes cuda:LOCAL_RANK
-    assert cfg.hydra.callbacks.torch_distributed._target_ == "configs.launcher.TorchDistributedFromSubmitit"
+    assert cfg.hydra.callbacks.torch_distributed._target_ == "training.launcher.TorchDistributedFromSubmitit"
 
 
 def test_local_runs_have_no_slurm_callback():

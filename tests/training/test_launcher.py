@@ -10,7 +10,7 @@ from unittest import mock
 
 import pytest
 
-from configs.launcher import TORCHRUN_VARIABLES, TorchDistributedFromSubmitit
+from training.launcher import TORCHRUN_VARIABLES, TorchDistributedFromSubmitit
 
 # Task 11 of a 2-node job with 8 tasks per node, as srun describes it to the process.
 SLURM_TASK = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "16",
