@@ -125,8 +125,8 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
         step_scalars = compute_gradients(train_model, model, optimizer, train_batches, step, t, autocast, lookahead)
         # The loss is the mean over ranks: what is logged, and a NaN/inf on any rank reaches all of them. Read
         # every step (the step's one host sync) so that a divergence names the exact step it happened at.
-        train_loss, grad_norm, lookahead_norm, preempted = read_step_scalars(*step_scalars, preemption.received,
-                                                                                   train_batches, ctx)
+        train_loss, grad_norm, lookahead_norm, preempted = read_step_scalars(
+            *step_scalars, preemption.received, train_batches, ctx)
         if guard.allows_update(step + 1, train_loss, grad_norm, progress.checkpoint, lookahead_norm):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -289,7 +289,8 @@ class TokenBatches:
         A single process stops at once. Under several ranks, stopping one alone would leave the others waiting
         for it at the micro-batch's collectives until the distributed timeout (where no torchrun agent ends
         them): the bad ids are set to 0 so that the batch runs, their first position is kept, and the step's
-        all-reduce tells every rank (``stop_on_bad_token_ids``) before the optimizer updates anything."""
+        all-reduce tells every rank (``training.sweep.stop_alike_on_bad_token_ids``) before the optimizer
+        updates anything."""
         if self.vocab_size is None or windows.max() < self.vocab_size:
             return
         row = int(np.argmax(windows.max(axis=1)))
