@@ -1,6 +1,6 @@
-"""A sweep survives a bad point. In a local sweep (``python train.py -m ...``, every point in one process) a point
-that is refused, diverges or fails is recorded in its own directory (``failure.json``) and the next point runs;
-when the sweep ends the process names each failed point and exits non-zero. One command resumes a run, or a
+"""A sweep survives a bad point. A point that is refused, diverges or fails is recorded in its own directory
+(``failure.json``) and the next point runs; when the sweep ends, the process that launched it names each failed
+point and exits non-zero, whether the points ran in it (``-m``) or in jobs of their own (submitit, SLURM). One command resumes a run, or a
 sweep in its own directory (``resume_command``); a sweep keeps it in ``resume.sh``."""
 import contextlib
 import datetime
@@ -8,13 +8,16 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
+from omegaconf import DictConfig
 
 from configs.schema import ConfigError
 from data.loader import TokenBatches, TokenIdOutOfRange
@@ -35,7 +38,10 @@ RESUME_SCRIPT = "resume.sh"
 LAUNCH_ARGUMENTS = ("hydra.run.dir=", "hydra.sweep.dir=", "train.resume=", "train.overwrite=")
 
 # (run directory, why it failed or None) of each sweep point this process ran, in order.
-_points: list[tuple[Path, str | None]] = []
+# In a sweep directory: one file per point that the current launch ran, saying how it ended (every launcher's
+# jobs can write there, wherever they run); cleared when a launch starts.
+OUTCOMES_DIR = ".outcomes"
+_launched_sweep_dir: Path | None = None  # set in the process that launched a sweep, by SweepOutcomes
 # Bad input, divergence and storage faults end a run with their one message, not a traceback.
 ERRORS_TOLD_IN_ONE_LINE = (ValueError, FileNotFoundError, TrainingDiverged, CheckpointSaveError,
                            UnreadableCheckpoints, CheckpointReadError)
@@ -185,15 +191,44 @@ def clear_failure(run_dir: Path) -> None:
     (Path(run_dir) / FAILURE_FILE).unlink(missing_ok=True)
 
 
+class SweepOutcomes(Callback):
+    """Hydra callback (configs/config.yaml), in the process that launches a sweep: clears the sweep's record of
+    how its points ended, which ``sweep_report`` reads once they have run."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        global _launched_sweep_dir
+        _launched_sweep_dir = Path(config.hydra.sweep.dir)
+        shutil.rmtree(_launched_sweep_dir / OUTCOMES_DIR, ignore_errors=True)
+
+
 def point_ended(run_dir: Path, reason: str | None = None) -> None:
-    _points.append((Path(run_dir), reason))
+    """Record in the sweep directory how this point ended (``reason``: why it failed; None: it ran)."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    hydra_cfg = HydraConfig.get()
+    outcome = Path(hydra_cfg.sweep.dir) / OUTCOMES_DIR / f"{hydra_cfg.job.num}.json"
+    try:
+        outcome.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(outcome) as f:
+            json.dump({"run_dir": str(run_dir), "reason": reason}, f)
+    except OSError as problem:
+        log.warning("how %s ended is left out of the sweep's report: %s", run_dir, problem)
 
 
 def sweep_report() -> list[str]:
-    """One line per failed point of this process's sweep and a last line counting them; empty when none failed."""
-    failed = [(run_dir, reason) for run_dir, reason in _points if reason is not None]
+    """In the process that launched a sweep: one line per failed point and a last line counting them; empty when
+    none failed (or no sweep was launched)."""
+    if _launched_sweep_dir is None:
+        return []
+    outcomes = []
+    for path in sorted((_launched_sweep_dir / OUTCOMES_DIR).glob("*.json"), key=lambda path: int(path.stem)):
+        try:
+            outcomes.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as problem:
+            log.warning("%s is unreadable, left out of the sweep's report: %s", path, problem)
+    failed = [outcome for outcome in outcomes if outcome["reason"] is not None]
     if not failed:
         return []
-    return [*(f"failed: {run_dir}: {reason}" for run_dir, reason in failed),
-            f"{len(failed)} of {len(_points)} sweep points failed (each one's {FAILURE_FILE} says why); the others "
+    return [*(f"failed: {outcome['run_dir']}: {outcome['reason']}" for outcome in failed),
+            f"{len(failed)} of {len(outcomes)} sweep points failed (each one's {FAILURE_FILE} says why); the others "
             "ran"]

@@ -28,6 +28,11 @@ def point(sweep_dir, index) -> Path:
     return found
 
 
+def point_names(sweep_dir) -> list[str]:
+    """The sweep's point directories (not its .submitit/ or .outcomes/)."""
+    return sorted(path.name for path in Path(sweep_dir).iterdir() if path.is_dir() and path.name[0] != ".")
+
+
 def failure(run_dir) -> dict | None:
     path = Path(run_dir) / "failure.json"
     return json.loads(path.read_text()) if path.exists() else None
@@ -53,6 +58,22 @@ def test_a_diverging_and_a_refused_point_are_recorded_and_every_other_point_runs
     assert record["kind"] == "diverged" and "non-finite training loss" in record["reason"], record
     assert record["step"] == last_step(diverged) and "optimizer.lr=100000000.0" in record["overrides"]
     assert failure(good) is None and last_step(good) == 3
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_points_run_as_jobs_of_their_own_reports_this_launchs_failed_points(tmp_path):
+    # submitit's local executor: each point runs in a process of its own, as a SLURM job would.
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    jobs = ["hydra/launcher=submitit_local", "train.max_iters=2", "train.eval_interval=2"]
+    result = sweep(tmp_path, *jobs, "optimizer.gamma=0.025,-0.1")
+    assert result.returncode == 1, result.stderr
+    last_lines = result.stderr.strip().splitlines()[-2:]
+    assert last_lines == [f"failed: {point(tmp_path, 1)}: gamma must be >= 0, got -0.1",
+                          "1 of 2 sweep points failed (each one's failure.json says why); the others ran"]
+    assert failure(point(tmp_path, 1))["kind"] == "refused" and last_step(point(tmp_path, 0)) == 2
+    # A later launch in the same directory reports its own points only.
+    again = sweep(tmp_path, *jobs, "optimizer.gamma=0.025", "train.resume=true")
+    assert again.returncode == 0 and "failed" not in again.stderr, again.stderr
 
 
 def test_a_single_run_that_fails_records_why_and_a_later_launch_that_trains_clears_it(tmp_path):
@@ -159,11 +180,11 @@ def test_a_resume_that_raises_max_iters_continues_every_point_in_its_directory(t
     # Train the sweep on: the points' names leave out how long and how often they log, so the same directories.
     first = sweep(tmp_path, "train.max_iters=2", "train.eval_interval=2", "optimizer.lr=1e-3,2e-3")
     assert first.returncode == 0, first.stderr
-    points = sorted(path.name for path in tmp_path.iterdir() if path.is_dir())
+    points = point_names(tmp_path)
     longer = sweep(tmp_path, "train.max_iters=4", "train.eval_interval=1", "optimizer.lr=1e-3,2e-3",
                    "train.resume=true")
     assert longer.returncode == 0, longer.stderr
-    assert sorted(path.name for path in tmp_path.iterdir() if path.is_dir()) == points
+    assert point_names(tmp_path) == points
     for index in (0, 1):
         records = read_metrics(point(tmp_path, index))
         assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3, 4]  # steps 1-2 once, then 3-4
@@ -195,5 +216,4 @@ def test_a_point_whose_overrides_make_a_name_too_long_for_the_file_system_runs_a
     assert last_step(long_point) == 1 and last_step(short_point) == 1
     again = subprocess.run(["sh", str(tmp_path / "resume.sh")], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr
-    assert sorted(path.name for path in tmp_path.iterdir() if path.is_dir()) == sorted(
-        [long_point.name, short_point.name])  # the resume found the same two directories
+    assert point_names(tmp_path) == sorted([long_point.name, short_point.name])  # the resume found the same two
