@@ -7,7 +7,7 @@ import torch
 
 from data.loader import TokenBatches, TokenIdOutOfRange
 from train import read_step_scalars
-from training.distributed import distributed_session
+from training.distributed import all_gather_objects, distributed_session
 
 VOCAB = 50
 
@@ -38,9 +38,14 @@ def main() -> int:
             failures.append(f"rank {ctx.rank}: an id beyond the vocabulary reached the model: {x}, {y}")
         try:
             read_step_scalars(loss, grad_norm, lookahead_norm, False, batches, ctx)
-            failures.append(f"rank {ctx.rank} went on past rank 1's token id {VOCAB + 7}")
+            told = None
         except TokenIdOutOfRange as err:
-            print(f"rank {ctx.rank}: {err}")
+            told = f"{err}"
+        messages = all_gather_objects(told, ctx)
+        if ctx.rank == 0:
+            if len(set(messages)) != 1 or messages[0] is None:
+                failures.append(f"the ranks did not stop alike on rank 1's token id {VOCAB + 7}: {messages}")
+            print(messages[0])
     for failure in failures:
         print(failure, file=sys.stderr)
     return 1 if failures else 0
