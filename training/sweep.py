@@ -96,24 +96,48 @@ def in_sweep() -> bool:
 
 def resume_command() -> str:
     """The command that continues this run where it stopped; in a sweep, the whole sweep in its own directory
-    (finished points have nothing to do, the others resume from their checkpoints, failed ones are retried)."""
+    (finished points have nothing to do, the others resume from their checkpoints, failed ones are retried), as
+    the process that launched it wrote it into ``resume.sh``: a point that runs as a job of its own (submitit,
+    SLURM) was started by another program than ``train.py``."""
     hydra_cfg = HydraConfig.get()
-    where = f"hydra.sweep.dir={hydra_cfg.sweep.dir}" if in_sweep() else f"hydra.run.dir={hydra_cfg.run.dir}"
+    if not in_sweep():
+        return this_command_resumed(f"hydra.run.dir={hydra_cfg.run.dir}")
+    return (command_of_resume_script(Path(hydra_cfg.sweep.dir))
+            or this_command_resumed(f"hydra.sweep.dir={hydra_cfg.sweep.dir}"))
+
+
+def this_command_resumed(where: str) -> str:
+    """This process's command line with its launch arguments replaced by ``where`` and ``train.resume=true``."""
     kept = [arg for arg in sys.argv[1:] if not arg.lstrip("+~").startswith(LAUNCH_ARGUMENTS)]
     return shlex.join([sys.executable, sys.argv[0], *kept, where, "train.resume=true"])
 
 
-def write_resume_script() -> None:
-    """Keep the sweep's resume command in its directory, where it is found once the terminal is gone."""
-    script = Path(HydraConfig.get().sweep.dir) / RESUME_SCRIPT
+RESUME_SCRIPT_HEAD = ("#!/bin/sh\n# Resumes this sweep where it stopped: finished points are skipped, unfinished "
+                      "ones continue from their checkpoints, failed ones are retried.\n")
+
+
+def write_resume_script(sweep_dir: Path) -> None:
+    """Keep the sweep's resume command in its directory, where it is found once the terminal is gone (by the
+    process that launches the sweep: it alone knows the command)."""
+    script = sweep_dir / RESUME_SCRIPT
+    command = this_command_resumed(f"hydra.sweep.dir={sweep_dir}")
     try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
         with atomic_file(script) as f:
-            f.write("#!/bin/sh\n# Resumes this sweep where it stopped: finished points are skipped, unfinished ones "
-                    "continue from their checkpoints, failed ones are retried.\n"
-                    f"cd {shlex.quote(os.getcwd())} && exec {resume_command()}\n")
+            f.write(f"{RESUME_SCRIPT_HEAD}cd {shlex.quote(os.getcwd())} && exec {command}\n")
         script.chmod(0o755)
     except OSError as err:
         log.warning("could not write %s: %s", script, err)
+
+
+def command_of_resume_script(sweep_dir: Path) -> str | None:
+    """The command ``write_resume_script`` kept in ``sweep_dir``, or None where there is none to read."""
+    try:
+        text = (sweep_dir / RESUME_SCRIPT).read_text()
+    except OSError:
+        return None
+    _, separator, command = text.rstrip("\n").rpartition(" && exec ")
+    return command if text.startswith(RESUME_SCRIPT_HEAD) and separator else None
 
 
 @contextlib.contextmanager
@@ -125,8 +149,6 @@ def failures_recorded(run_dir: Path) -> Iterator[Progress]:
     signal stops the whole sweep. An unexpected error of a single run keeps its traceback.
     """
     sweep, progress = in_sweep(), Progress()
-    if sweep:
-        write_resume_script()
     try:
         yield progress
     except TerminatedEarlier as err:
@@ -192,13 +214,15 @@ def clear_failure(run_dir: Path) -> None:
 
 
 class SweepOutcomes(Callback):
-    """Hydra callback (configs/config.yaml), in the process that launches a sweep: clears the sweep's record of
-    how its points ended, which ``sweep_report`` reads once they have run."""
+    """Hydra callback (configs/config.yaml), in the process that launches a sweep: writes the sweep's
+    ``resume.sh`` and clears its record of how its points ended, which ``sweep_report`` reads once they have
+    run."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         global _launched_sweep_dir
         _launched_sweep_dir = Path(config.hydra.sweep.dir)
         shutil.rmtree(_launched_sweep_dir / OUTCOMES_DIR, ignore_errors=True)
+        write_resume_script(_launched_sweep_dir)
 
 
 def point_ended(run_dir: Path, reason: str | None = None) -> None:

@@ -71,7 +71,16 @@ def test_a_sweep_whose_points_run_as_jobs_of_their_own_reports_this_launchs_fail
     assert last_lines == [f"failed: {point(tmp_path, 1)}: gamma must be >= 0, got -0.1",
                           "1 of 2 sweep points failed (each one's failure.json says why); the others ran"]
     assert failure(point(tmp_path, 1))["kind"] == "refused" and last_step(point(tmp_path, 0)) == 2
-    # A later launch in the same directory reports its own points only.
+    # The resume command is the launching one (a job runs submitit's program, not train.py), in resume.sh and in
+    # each point's closing summary.
+    command = (tmp_path / "resume.sh").read_text().splitlines()[-1].split(" && exec ")[1]
+    assert shlex.split(command) == [sys.executable, "train.py", "-m", *TINY, *jobs, "optimizer.gamma=0.025,-0.1",
+                                    f"hydra.sweep.dir={tmp_path}", "train.resume=true"], command
+    assert f"resume (raise train.max_iters to train on): {command}" in (point(tmp_path, 0) / "train.log").read_text()
+    # Later launches in the same directory report their own points only.
+    resumed = subprocess.run(["sh", str(tmp_path / "resume.sh")], cwd=REPO, capture_output=True, text=True,
+                             timeout=600)
+    assert resumed.returncode == 1 and "1 of 2 sweep points failed" in resumed.stderr, resumed.stderr
     again = sweep(tmp_path, *jobs, "optimizer.gamma=0.025", "train.resume=true")
     assert again.returncode == 0 and "failed" not in again.stderr, again.stderr
 
