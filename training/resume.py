@@ -2,10 +2,13 @@
 checkpoint's state meaningful take effect (and are logged); changes that would make it meaningless stop the run
 before anything is loaded."""
 import logging
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
 
 from configs.schema import lr_decay_end
 from training.checkpoint import CheckpointReadError, latest_checkpoint, set_aside_checkpoints_after
@@ -13,6 +16,8 @@ from training.distributed import DistributedContext, all_gather_objects
 from training.runtime import set_rng_state
 from training.summary import Progress
 from training.registry import OPTIMIZERS
+from training.run_dir import RunDirectoryError
+from training.sweep import in_sweep
 
 log = logging.getLogger("train")
 
@@ -165,6 +170,7 @@ def resume_run(run_dir: Path, t, config_dict: dict, model, optimizer, ctx: Distr
     past it leaves nothing to train: said here, and the caller stops."""
     found = find_resume_checkpoint(run_dir, ctx.device, ctx)
     if found is None:
+        refuse_a_point_kept_under_another_name(run_dir, config_dict)
         log.warning("train.resume=true but %s has no checkpoint yet: starting from scratch", run_dir)
         return Resumed()
     checkpoint_path, ckpt = found
@@ -180,3 +186,27 @@ def resume_run(run_dir: Path, t, config_dict: dict, model, optimizer, ctx: Distr
             log.warning("the changed settings above were not applied: nothing was trained, and the run's "
                         "record (.hydra/, metrics.jsonl) is left as the run wrote it")
     return Resumed(changes, ckpt.get("wandb_run_id"), ckpt.get("skipped_steps", 0))
+
+
+def refuse_a_point_kept_under_another_name(run_dir: Path, config_dict: dict) -> None:
+    """A resumed sweep point whose directory holds no checkpoint, while the sweep holds the same point (its
+    number, and the settings but for those a point's name leaves out) under the name an earlier launch gave it
+    (a version that named points otherwise): stop, rather than train it again from step 0 beside its record."""
+    if not in_sweep():
+        return
+    hydra_cfg = HydraConfig.get()
+    left_out_of_names = set(hydra_cfg.job.config.override_dirname.exclude_keys)
+    for other in sorted(Path(hydra_cfg.sweep.dir).glob(f"{hydra_cfg.job.num}_*")):
+        recorded = other / ".hydra" / "config.yaml"
+        if other.resolve() == Path(run_dir).resolve() or not (other / "metrics.jsonl").is_file():
+            continue
+        try:
+            saved = OmegaConf.to_container(OmegaConf.load(recorded), resolve=True)
+        except Exception:  # no readable record: not a point this check can recognise
+            continue
+        if all(key in left_out_of_names for key in config_changes(saved, config_dict)):
+            raise RunDirectoryError(
+                f"{other} holds this sweep point (its number and settings) under the name an earlier launch gave "
+                f"it, and this launch names it {Path(run_dir).name}: resumed here it would train again from step "
+                f"0. Move the point into place (rm -r {shlex.quote(str(run_dir))} && mv {shlex.quote(str(other))} "
+                f"{shlex.quote(str(run_dir))}), then resume the sweep again")

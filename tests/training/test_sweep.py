@@ -201,6 +201,24 @@ def test_a_resume_that_raises_max_iters_continues_every_point_in_its_directory(t
             {"train.eval_interval": [2, 1], "train.max_iters": [2, 4]}]
 
 
+def test_a_point_an_earlier_launch_named_otherwise_is_named_with_how_to_move_it_not_trained_again(tmp_path):
+    first = sweep(tmp_path, "train.max_iters=2", "train.eval_interval=2", "optimizer.lr=1e-3,2e-3")
+    assert first.returncode == 0, first.stderr
+    kept = point(tmp_path, 0)
+    old_name = kept.rename(tmp_path / f"{kept.name},train.max_iters=2")  # as versions that named max_iters did
+    longer = ["train.max_iters=4", "train.eval_interval=2", "optimizer.lr=1e-3,2e-3", "train.resume=true"]
+    result = sweep(tmp_path, *longer)
+    assert result.returncode == 1 and "1 of 2 sweep points failed" in result.stderr, result.stderr
+    reason = failure(kept)["reason"]
+    assert reason.startswith(f"{old_name} holds this sweep point") and "would train again from step 0" in reason
+    assert last_step(old_name) == 2 and last_step(point(tmp_path, 1)) == 4  # nothing trained twice
+    move = reason.split("Move the point into place (")[1].split(")")[0]
+    assert subprocess.run(move, shell=True).returncode == 0
+    again = sweep(tmp_path, *longer)
+    assert again.returncode == 0, again.stderr
+    assert [r["step"] for r in read_metrics(kept) if "train/loss" in r] == [1, 2, 3, 4]
+
+
 def test_resuming_a_finished_run_needs_neither_its_checkpoint_loaded_nor_its_data(tmp_path):
     shards = tmp_path / "shards"
     shutil.copytree(prepare_embedded(), shards)
