@@ -247,15 +247,10 @@ def test_a_token_id_beyond_the_vocabulary_in_one_ranks_batch_stops_every_rank_of
     tokens[40] = 60_000  # beyond model.vocab_size (50304); the manifest says otherwise
     write_shard(corpus / f"{split}.bin", tokens)
     edit_manifest(corpus, lambda m: [shard.update(max_token_id=50_000) for shard in m["shards"]])
-    port = free_port()
     timeout_s = 300
     started = time.monotonic()
-    ranks = [subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={tmp_path / 'run'}", *SMALL, f"data.dir={corpus}",
-         "data.sampling=sequential", "train.eval_iters=2", f"train.distributed_timeout_s={timeout_s}"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=environment({"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                         "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})) for rank in (0, 1)]
+    overrides = [f"data.dir={corpus}", "data.sampling=sequential", "train.eval_iters=2"]
+    ranks = start_ranks(tmp_path, [overrides, overrides], timeout_s)
     outputs = [rank.communicate(timeout=2 * timeout_s) for rank in ranks]
     assert time.monotonic() - started < timeout_s / 2  # neither waited for the other until the timeout
     assert [rank.returncode != 0 for rank in ranks] == [True, True], outputs
