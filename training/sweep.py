@@ -1,7 +1,7 @@
 """A sweep survives a bad point. A point that is refused, diverges or fails is recorded in its own directory
 (``failure.json``) and the next point runs; when the sweep ends, the process that launched it names each failed
-point and exits non-zero, whether the points ran in it (``-m``) or in jobs of their own (submitit, SLURM). One command resumes a run, or a
-sweep in its own directory (``resume_command``); a sweep keeps it in ``resume.sh``."""
+point and exits non-zero, whether the points ran in it (``-m``) or in jobs of their own (submitit, SLURM). One
+command resumes a run, or a sweep in its own directory (``resume_command``); a sweep keeps it in ``resume.sh``."""
 import contextlib
 import datetime
 import json
@@ -37,7 +37,6 @@ RESUME_SCRIPT = "resume.sh"
 # The arguments a resume command sets itself: where the run or sweep lies, and how it starts there.
 LAUNCH_ARGUMENTS = ("hydra.run.dir=", "hydra.sweep.dir=", "train.resume=", "train.overwrite=")
 
-# (run directory, why it failed or None) of each sweep point this process ran, in order.
 # In a sweep directory: one file per point that the current launch ran, saying how it ended (every launcher's
 # jobs can write there, wherever they run); cleared when a launch starts.
 OUTCOMES_DIR = ".outcomes"
