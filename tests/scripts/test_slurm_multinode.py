@@ -1,6 +1,7 @@
 """scripts/slurm_multinode.sbatch in a fake SLURM allocation: srun runs its command once, torchrun reports its
 arguments."""
 import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -50,6 +51,40 @@ def test_two_jobs_on_one_head_node_meet_at_different_rendezvous_ports(tmp_path):
                  for job in ("4242", "4243")]
     assert endpoints[0].startswith("--rdzv_endpoint=gpu07:") and endpoints[0] != endpoints[1]
     assert all(15000 <= int(endpoint.rsplit(":", 1)[1]) < 30000 for endpoint in endpoints)
+
+
+def endpoint_port(tmp_path: Path, job_id: str) -> int:
+    endpoint = next(a for a in torchrun_args(tmp_path, job_id) if a.startswith("--rdzv_endpoint="))
+    return int(endpoint.rsplit(":", 1)[1])
+
+
+def test_two_running_jobs_whose_ids_give_the_same_port_meet_at_different_ports(tmp_path):
+    # Job 5001's torchrun holds its rendezvous port (as c10d's store does) while job 20001 starts on the same
+    # first node: 15000 + id % 15000 is 20001 for both.
+    holding = {**FAKE_TOOLS, "torchrun": FAKE_TOOLS["torchrun"] + """port=$(sed -n 's/^--rdzv_endpoint=.*://p' "$TORCHRUN_ARGS")
+python3 -c 'import socket, sys, time
+s = socket.socket(); s.bind(("", int(sys.argv[1]))); s.listen(); open(sys.argv[2], "w").close(); time.sleep(60)' \
+    "$port" "$TORCHRUN_ARGS.listening" >/dev/null 2>&1 &
+echo $! > "$TORCHRUN_ARGS.pid"
+while [ ! -e "$TORCHRUN_ARGS.listening" ]; do sleep 0.05; done
+"""}
+    try:
+        assert launch(tmp_path, "5001", tools=holding, SLURM_GPUS_ON_NODE="8").returncode == 0
+        result = launch(tmp_path, "20001", SLURM_GPUS_ON_NODE="8")
+    finally:
+        os.kill(int((tmp_path / "args_5001.pid").read_text()), 9)
+    assert result.returncode == 0, result.stderr
+    assert endpoint_port(tmp_path, "5001") == 20001
+    assert endpoint_port(tmp_path, "20001") == 20002
+
+
+def test_the_port_search_wraps_within_its_range_and_says_when_every_port_is_taken():
+    from scripts.free_port import first_free_port
+    with socket.socket() as held:
+        held.bind(("", 0))
+        port = held.getsockname()[1]
+        assert first_free_port(port, port - 1, port + 1) == port - 1
+        assert first_free_port(port, port, port + 1) is None
 
 
 def test_a_job_granted_no_gpus_stops_saying_how_to_ask_for_them(tmp_path):
