@@ -2,6 +2,7 @@
 libraries, the hosts and the command line. A table of runs can then say which code made each figure, and a
 multi-node job whose nodes hold different code stops before it trains."""
 import datetime
+import fnmatch
 import hashlib
 import importlib.metadata
 import json
@@ -11,6 +12,7 @@ import re
 import socket
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import torch
@@ -90,24 +92,32 @@ def device_name(device: torch.device) -> str:
     return f"{model or platform.processor()} ({torch.get_num_threads()} threads)"
 
 
-def imported_source(root: Path = PROJECT_ROOT) -> dict[str, str]:
-    """{path relative to ``root``: sha256 of its bytes} for every module of the project this process imported:
-    the code that trains, whether or not git knows it (a copy without ``.git``, an edited file)."""
-    files = {}
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if not isinstance(path, str) or not path.endswith(".py") or not os.path.isabs(path):
-            continue  # built in, compiled, or a namespace whose __file__ names no file (torch's "_ops.py")
-        path = Path(path).resolve()
-        if path.is_relative_to(root) and path.is_file():
-            files[path.relative_to(root).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return dict(sorted(files.items()))
+def project_packages(root: Path) -> list[Path]:
+    """The project's package directories under ``root``, as pyproject.toml declares them (none without it)."""
+    pyproject = root / "pyproject.toml"
+    if not pyproject.is_file():
+        return []
+    with open(pyproject, "rb") as f:
+        patterns = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]["include"]
+    return sorted(path for path in root.iterdir()
+                  if path.is_dir() and any(fnmatch.fnmatch(path.name, pattern) for pattern in patterns))
 
 
-def rank_code(code: dict) -> dict:
-    """What each rank reports of its code: the commit, a digest of its uncommitted change, and the source files
-    it imported (:func:`imported_source`) with one digest over them all."""
-    diff, source = code["diff"], imported_source()
+def project_source(root: Path = PROJECT_ROOT) -> dict[str, str]:
+    """{path relative to ``root``: sha256 of its bytes} for every source file a rank may run: train.py and the
+    Python and YAML files of the project's packages, whether git knows them or not (a copy without ``.git``, an
+    edited file), and whether or not this process has imported them yet (the optimizers load after the check)."""
+    files = [root / "train.py"] + [path for package in project_packages(root)
+                                   for pattern in ("*.py", "*.yaml") for path in package.rglob(pattern)
+                                   if "__pycache__" not in path.parts]
+    return {path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(files) if path.is_file()}
+
+
+def rank_code(code: dict, root: Path = PROJECT_ROOT) -> dict:
+    """What each rank reports of its code: the commit, a digest of its uncommitted change, and its source files
+    (:func:`project_source`) with one digest over them all."""
+    diff, source = code["diff"], project_source(root)
     return {"host": socket.gethostname(), "commit": code["commit"],
             "diff_sha256": hashlib.sha256(diff).hexdigest() if diff else None,
             "source_sha256": hashlib.sha256(json.dumps(source).encode()).hexdigest(), "source": source}
@@ -132,12 +142,12 @@ def check_same_code(ranks: list[dict]) -> None:
                                    + "\ncheck out the same commit, without local changes, on every node")
     reference = ranks[0]["source"]
     for rank, report in enumerate(ranks[1:], start=1):
-        # Files that both imported: a module one rank alone has loaded by now (lazily) differs in nothing.
-        differ = sorted(name for name in reference.keys() & report["source"].keys()
-                        if reference[name] != report["source"][name])
+        # A file one rank lacks differs too.
+        differ = sorted(name for name in reference.keys() | report["source"].keys()
+                        if reference.get(name) != report["source"].get(name))
         if differ:
             raise DifferentCodeOnRanks(
-                f"the ranks of this job run different code: rank {rank} ({report['host']}) imported other source "
+                f"the ranks of this job run different code: rank {rank} ({report['host']}) holds other source "
                 f"files than rank 0 ({ranks[0]['host']}): {', '.join(differ)}\ncopy the same code to every node "
                 f"(commit {ranks[0]['commit'] or 'unknown'} on rank 0, {report['commit'] or 'unknown'} on rank {rank})")
 
@@ -189,7 +199,8 @@ def launch_record(run_dir: Path, step: int, code: dict, ranks: list[dict], devic
         patch = str(path.relative_to(run_dir))
     return {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             **launch_command(), "commit": code["commit"], "patch": patch,
-            "source_sha256": ranks[0]["source_sha256"],
+            "ranks": [{"host": report["host"], "commit": report["commit"], "source_sha256": report["source_sha256"]}
+                      for report in ranks],
             "untracked": code["untracked"][:MAX_UNTRACKED_NAMES], "untracked_count": len(code["untracked"]),
             "versions": library_versions(),
             "device": device_name(device), "world_size": len(ranks),

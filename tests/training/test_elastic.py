@@ -153,18 +153,19 @@ def test_a_frozen_node_ends_the_job_after_the_distributed_timeout(tmp_path, froz
     assert 5 <= waited[0] < 60
 
 
-def test_a_node_running_a_changed_copy_without_git_stops_the_job(tmp_path):
-    # Node 1 runs a copy of the repository without .git (git cannot tell its commit) in which one line of
-    # training/schedule.py differs: the source files the ranks imported tell, and every rank stops.
+# training/schedule.py is imported before the ranks compare their code; the optimizers in mars/ only after.
+@pytest.mark.parametrize("edited", ["training/schedule.py", "mars/torch_backend.py"])
+def test_a_node_running_a_changed_copy_without_git_stops_the_job(tmp_path, edited):
+    # Node 1 runs a copy of the repository without .git (git cannot tell its commit) in which one line of one
+    # file differs: the source files the ranks hold tell, and every rank stops.
     copy = tmp_path / "copy"
     shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", "outputs",
-                                                              "multirun"))
-    schedule = copy / "training" / "schedule.py"
-    schedule.write_text(schedule.read_text() + "# edited on this node only\n")
+                                                              "multirun", ".venv"))
+    (copy / edited).write_text((copy / edited).read_text() + "# edited on this node only\n")
     nodes = two_node_job(tmp_path, f"hydra.run.dir={tmp_path / 'run'}", "train.max_iters=2", repos=(REPO, copy))
     assert [node.returncode != 0 for node in nodes] == [True, True], logs(tmp_path)
-    assert logs(tmp_path).count("imported other source files than rank 0") == 2
-    assert "training/schedule.py" in logs(tmp_path)
+    assert logs(tmp_path).count("holds other source files than rank 0") == 2
+    assert edited in logs(tmp_path)
     assert not list((tmp_path / "run").rglob("ckpt_*.pt"))
 
 
@@ -188,4 +189,6 @@ def test_torchrun_with_a_run_id_gives_every_rank_one_default_run_directory(tmp_p
     # The launch record names the real launch: torchrun's arguments, and the overrides.
     [launch] = [json.loads(line)["launch"] for line in metrics.read_text().splitlines() if '"launch"' in line]
     assert "--nnodes=2" in launch["torchrun"] and "--rdzv-backend=c10d" in launch["torchrun"]
+    # Every rank's code is recorded, not only rank 0's.
+    assert len(launch["ranks"]) == 2 and len({rank["source_sha256"] for rank in launch["ranks"]}) == 1
     assert launch["command"] == [*SMALL, "train.max_iters=2"]

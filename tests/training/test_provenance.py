@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from training.provenance import (DifferentCodeOnRanks, check_same_code, checkout_commit, code_version, device_name,
-                                 describe_launch, launch_record, rank_code)
+                                 describe_launch, launch_record, project_source, rank_code)
 
 GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "init.defaultBranch=main"]
 
@@ -112,15 +112,24 @@ def test_ranks_on_one_commit_without_changes_or_with_the_same_changes_may_train(
     check_same_code([report("a" * 40), report(None, host="node1")])  # the same files, without git on node1
 
 
-def test_a_module_one_rank_alone_has_imported_yet_is_no_difference():
-    check_same_code([report("a" * 40), report("a" * 40, source={"train.py": "1" * 64, "mars/muon.py": "3" * 64})])
+def test_a_source_file_one_rank_alone_holds_is_a_difference():
+    with pytest.raises(DifferentCodeOnRanks, match=r"rank 1 \(node0\) holds other source files .*: mars/muon.py"):
+        check_same_code([report("a" * 40), report(None, source={"train.py": "1" * 64, "mars/muon.py": "3" * 64})])
+
+
+def test_every_source_file_of_the_project_is_reported_before_it_is_imported():
+    # The optimizers' modules load after the ranks compare their code: they must be in the report all the same.
+    source = project_source()
+    assert {"train.py", "mars/torch_backend.py", "mars/triton_backend.py", "training/provenance.py",
+            "configs/optimizer/mars-adamw.yaml"} <= source.keys()
+    assert not any(name.startswith(("tests/", "scripts/", ".venv/")) for name in source)
 
 
 def test_ranks_importing_different_source_files_stop_naming_the_files():
     # node1 holds a copy without .git (no commit) with one file changed: only the files tell.
     ours = report("a" * 40, source={"train.py": "1" * 64, "training/schedule.py": "2" * 64})
     other = report(None, host="node1", source={"train.py": "1" * 64, "training/schedule.py": "4" * 64})
-    with pytest.raises(DifferentCodeOnRanks, match=r"rank 1 \(node1\) imported other source files than rank 0 "
+    with pytest.raises(DifferentCodeOnRanks, match=r"rank 1 \(node1\) holds other source files than rank 0 "
                                                    r"\(node0\): training/schedule.py"):
         check_same_code([ours, other])
 
