@@ -12,8 +12,9 @@ overrides; a refused point may hold nothing else): it is a run too (``Run.failur
 healthy seeds of its setting but a setting of its own (:func:`split_failed`). Two runs of one setting with the
 same ``train.seed`` (a sweep and a re-run of it in another directory) are one run, not two seeds: the one that
 trained furthest is kept, and the other is named as left out (:func:`one_run_per_seed`).
-Besides a run's best validation loss, its best within the first B tokens (``Run.best_val_loss_within``) is what
-a shorter budget B reads off a longer run.
+A run's best validation loss is that of its evaluations after step 0 (the step-0 one scores the untrained model);
+besides it, its final one (``Run.final_val_loss``) shows a late blow-up, and its best within the first B tokens
+(``Run.best_val_loss_within``) is what a shorter budget B reads off a longer run.
 Used by ``scripts.make_table``, ``scripts.plot_curves`` and ``scripts.plot_sweep``.
 """
 import argparse
