@@ -43,6 +43,7 @@ TIME_UNITS = (("hours", 3600.0), ("minutes", 60.0), ("seconds", 1.0))
 ZOOM_EVALUATIONS = 20  # from this many evaluations per curve on, the first steps (from ~10.9) are cut off
 CYCLE_COLORS = 10  # lines the default colour cycle tells apart; more are drawn from tab20
 CLIPPED_NOTE = "y axis: the healthy runs' range; ▲ evaluations of failed runs above it"
+TRIANGLE_SPACING = 0.04  # in axes heights, between the triangles of runs that left the frame at one x
 
 
 def seed_curves(setting: Setting) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -123,16 +124,20 @@ def set_loss_range(axes: plt.Axes, curves: list[tuple[np.ndarray, np.ndarray, bo
         # As in the paper's figures: the last unit of loss above the best, not the first steps from ~10.9.
         top = min(highest, lowest + 1.0)
     axes.set_ylim(lowest - 0.05, top + 0.05)
-    escaped = []
+    escaped, triangles_at = [], {}
     for x, losses, _, color in curves:
         mean = losses.mean(axis=0)
         beyond = ~(mean <= highest + 0.05)  # a NaN evaluation left the frame too
         if beyond.any():
-            axes.plot(x[beyond], np.ones(beyond.sum()), transform=axes.get_xaxis_transform(), linestyle="none",
-                      marker="^", color=color, clip_on=False)
+            heights = []
+            for at in x[beyond].tolist():  # below the triangles of other runs at the same x, so that each is seen
+                heights.append(1 - TRIANGLE_SPACING * triangles_at.get(at, 0))
+                triangles_at[at] = triangles_at.get(at, 0) + 1
+            axes.plot(x[beyond], heights, transform=axes.get_xaxis_transform(), linestyle="none", marker="^",
+                      color=color, clip_on=False)
             escaped += mean[beyond].tolist()
     if escaped:
-        axes.text(0, -0.16, f"{CLIPPED_NOTE} (up to {max(escaped):.4g})", transform=axes.transAxes, va="top",
+        axes.text(0, -0.16, f"{CLIPPED_NOTE} (up to {np.nanmax(escaped):.4g})", transform=axes.transAxes, va="top",
                   fontsize="small")  # under the x label
 
 

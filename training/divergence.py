@@ -73,8 +73,9 @@ class ValLossWatch:
         limit = None if self.initial_val_loss is None else self.ratio * self.initial_val_loss
         if self.divergence is not None or limit is None or val_loss <= limit:
             return
-        self.divergence = (f"val loss {val_loss:.4g}, above {self.ratio:g} x the step-0 val loss "
-                           f"{self.initial_val_loss:.4g} (train.diverged_val_loss_ratio)", step)
+        reason = (f"val loss {val_loss:.4g}, above {self.ratio:g} x the step-0 val loss {self.initial_val_loss:.4g} "
+                  "(train.diverged_val_loss_ratio)" if math.isfinite(val_loss) else f"non-finite val loss {val_loss}")
+        self.divergence = (reason, step)
         if self.stop:
             raise TrainingDiverged(*self.divergence, checkpoint_path, self.advice)
         log.warning("diverged at step %d: %s; training on (train.stop_on_diverged_val_loss=false)", step,

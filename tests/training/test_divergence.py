@@ -59,3 +59,10 @@ def test_a_run_told_to_train_on_past_its_blow_up_is_marked_diverged_at_its_end_a
     watch.check(6, 30.0)
     with pytest.raises(TrainingDiverged, match=r"^diverged at step 4: val loss 25, above 2 x the step-0 val loss 10 "):
         watch.raise_if_diverged("ckpt_6.pt")
+
+
+def test_a_non_finite_val_loss_is_told_as_such_not_as_a_ratio():
+    watch = ValLossWatch(ratio=1.0, stop=True, advice="", initial_val_loss=10.8)
+    with pytest.raises(TrainingDiverged) as stopped:
+        watch.check(2, math.nan)
+    assert (stopped.value.reason, stopped.value.step) == ("non-finite val loss nan", 2)
