@@ -23,7 +23,7 @@ from data.loader import TokenBatches, build_batches
 from evaluation.hellaswag import training_items
 from model import GPT, GPTConfig
 from training.distributed import DistributedContext, all_gather_objects, distributed_session, wrap_data_parallel
-from training.divergence import DivergenceGuard
+from training.divergence import DivergenceGuard, ValLossWatch, initial_val_loss
 from training.finished import keep_finished_checkpoints, nothing_left_to_train
 from training.metrics import MetricsLogger, StepWindow, default_run_name, read_metrics
 from training.optimizers import build_optimizer, local_optimizer, state_bytes
@@ -35,8 +35,8 @@ from training.run_dir import RunDirectoryLock, locked_run_directory, register_ru
 from training.runtime import autocast_context, peak_flops, resolve_device, resolve_dtype, seed_everything, set_tf32
 from training.schedule import apply_schedule, warn_about_schedule_shortfalls
 from training.summary import Progress, closing_summary, opening_lines
-from training.sweep import (clear_failure, failures_recorded, in_sweep, on_every_rank_alike, resume_command,
-                            stop_alike_on_bad_token_ids, sweep_report)
+from training.sweep import (clear_failure, divergence_advice, failures_recorded, in_sweep, on_every_rank_alike,
+                            resume_command, stop_alike_on_bad_token_ids, sweep_report)
 from training.validation import hellaswag_accuracy, validation_losses
 
 log = logging.getLogger("train")
@@ -114,11 +114,12 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
                         ctx.world_size, device)
     schedule = dict(min_lr=t.min_lr, warmup_iters=t.warmup_iters, decay_iters=lr_decay_end(t),
                     schedule=t.lr_schedule, decay_fraction=t.decay_fraction)
-    guard = DivergenceGuard(t.max_skipped_steps, resumed.skipped_steps, resume_command())
+    guard = DivergenceGuard(t.max_skipped_steps, resumed.skipped_steps, divergence_advice(run_dir))
+    watch = ValLossWatch(t.diverged_val_loss_ratio, t.stop_on_diverged_val_loss, guard.advice,
+                         initial_val_loss(run_dir, ctx) if start_step else None)
     lookahead = getattr(local_optimizer(optimizer), "needs_lookahead_grad", False)
     if start_step == 0:
-        metrics.log({"step": 0, "tokens": 0, **validation_losses(train_model, val_batches, t.eval_iters,
-                                                                   t.eval_sampling, 0, autocast, ctx)})
+        evaluate(train_model, val_batches, 0, progress, metrics, watch, t, autocast, ctx)
     for step in range(start_step, t.max_iters):
         step_start = time.perf_counter()
         lr = apply_schedule(optimizer, step, schedule, cfg.optimizer)
@@ -148,8 +149,7 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
         if logging_now:
             metrics.log(window.record(done, progress.tokens, lr, train_loss, grad_norm, guard.skipped_steps))
         if evaluating:
-            metrics.log({"step": done, "tokens": progress.tokens, **validation_losses(
-                train_model, val_batches, t.eval_iters, t.eval_sampling, done, autocast, ctx)})
+            evaluate(train_model, val_batches, done, progress, metrics, watch, t, autocast, ctx)
         if scoring_hellaswag:
             metrics.log({"step": done, "tokens": progress.tokens,
                          **hellaswag_accuracy(model, hellaswag_items, autocast, ctx)})
@@ -168,6 +168,15 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
         for line in closing_summary(read_metrics(run_dir), progress, t.max_iters, run_dir, resume_command(),
                                     tabulate_dir):
             log.info(line)
+    watch.raise_if_diverged(progress.checkpoint)
+
+
+def evaluate(model, val_batches: TokenBatches, step: int, progress: Progress, metrics: MetricsLogger,
+             watch: ValLossWatch, t, autocast, ctx: DistributedContext) -> None:
+    """Log the validation losses at ``step``; ``watch`` stops (or marks) a run whose loss rose above step 0's."""
+    losses = validation_losses(model, val_batches, t.eval_iters, t.eval_sampling, step, autocast, ctx)
+    metrics.log({"step": step, "tokens": progress.tokens, **losses})
+    watch.check(step, losses["val/loss"], progress.checkpoint)
 
 
 def load_data(cfg: DictConfig, ctx: DistributedContext) -> tuple[TokenBatches, TokenBatches]:

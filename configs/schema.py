@@ -226,6 +226,10 @@ class TrainConfig:
     hellaswag_file: Optional[str] = None  # null: the data cache's copy (python -m evaluation.hellaswag --download)
     hellaswag_items: Optional[int] = None  # evaluate the first N items only; null: all 10,042
     max_skipped_steps: int = 0  # steps with a NaN/inf loss or gradient to skip before stopping; 0 stops at once
+    # A val loss above this x the step-0 one (the untrained model's) marks the run diverged; with
+    # stop_on_diverged_val_loss it stops there, else it trains on and is marked diverged at its end.
+    diverged_val_loss_ratio: float = 1.0
+    stop_on_diverged_val_loss: bool = True
     zero1: bool = False  # shard the optimizer state across DDP ranks (ZeRO stage 1)
     # Seconds a rank waits for the others (to join the group, in each collective) before it fails and the job
     # ends or restarts (torchrun --max-restarts): what a frozen node costs. Must outlast a checkpoint's write.
@@ -352,6 +356,8 @@ def validate(cfg) -> None:
     _require(t.distributed_timeout_s > 0,
              f"train.distributed_timeout_s must be > 0 seconds, got {t.distributed_timeout_s}")
     _require(t.max_skipped_steps >= 0, f"train.max_skipped_steps must be >= 0, got {t.max_skipped_steps}")
+    _require(t.diverged_val_loss_ratio >= 1.0, f"train.diverged_val_loss_ratio must be >= 1 (1: a val loss above "
+             f"the untrained model's), got {t.diverged_val_loss_ratio}")
     _require(t.grad_clip >= 0.0, f"train.grad_clip must be >= 0 (0 disables it), got {t.grad_clip}")
     _require(t.grad_multiplier > 0.0, f"train.grad_multiplier must be positive (1: the mean gradient), got "
              f"{t.grad_multiplier}")

@@ -8,7 +8,8 @@ and ``.hydra/config.yaml``. Optionally reads wandb CSV exports of a ``val/loss``
 ``<run name> - val/loss``), whose run names must be preset names (``owt-gpt2-small-5b-mars-approx``: what the
 presets in configs/experiment/ set as wandb.run_name). Runs that differ only in the seed are averaged; among
 the settings of one optimizer (a sweep), the best is reported. The first table has the paper's layout, one per
-corpus, each cell ``ours / paper (ours - paper)``; the second lists every setting. A figure that includes a run
+corpus, each cell ``ours / paper (ours - paper)``; the second lists every setting, its final val loss beside its
+best (the step-0 evaluation of the untrained model is never a best). A figure that includes a run
 whose last logged step is short of its max_iters (preempted and never resumed, killed, still running) is marked
 ``*``, and the legend and the runs column say where each such run stopped. A sweep point that was refused,
 diverged or failed (``failure.json``) has a row of its own marked failed, with its reason; two runs of one
@@ -221,8 +222,9 @@ def group_order(corpus: str, model: str, budget: float, optimizer: str) -> tuple
 def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
     lines = ["### Every setting (seeds averaged; the best setting of each optimizer is the one in the table above; "
              "within first B: the best validation loss within the first B tokens of these runs)",
-             "", "| corpus | model | tokens | optimizer | lr | gamma | seeds | best val loss | sd | fixed windows | "
-             "within first B | runs | code |", "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
+             "", "| corpus | model | tokens | optimizer | lr | gamma | seeds | best val loss | final val loss | sd | "
+             "fixed windows | within first B | runs | code |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     any_stopped = any_mixed_code = any_failed = any_left_out = False
     for (corpus, model, budget, optimizer), settings in sorted(groups.items(), key=lambda item: group_order(*item[0])):
         budgets = budget_columns(groups, corpus)
@@ -234,6 +236,8 @@ def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
             any_failed |= setting.failed
             any_left_out |= bool(setting.left_out)
             best = f"{statistics.fmean(losses):.3f}{mark}" if losses else failed_cell(setting)
+            finals = setting.final_val_losses
+            final = f"{statistics.fmean(finals):.3f}{mark}" if finals else MISSING
             lr, gamma = number_cell(run.lr), number_cell(run.gamma)
             fixed = setting.mean_best_val_loss_fixed
             fixed = MISSING if fixed is None else f"{fixed:.3f}{mark}"
@@ -243,10 +247,11 @@ def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
             any_mixed_code |= len(setting.code) > 1
             lines.append(f"| {display_corpus(corpus)} | {display_model(model)} | {tokens_label(budget)} | "
                          f"{display_optimizer(optimizer)} | {lr} | {gamma} | {len(setting.runs)} | {best} | "
-                         f"{spread} | {fixed} | {within} | {names} | {', '.join(setting.code) or MISSING} |")
+                         f"{final} | {spread} | {fixed} | {within} | {names} | {', '.join(setting.code) or MISSING} |")
     lines += ["", "best val loss: by each run's procedure (train.eval_sampling; the paper presets: new windows at "
-              "every evaluation, as the authors, the figure to compare with the paper); fixed windows: the best on the "
-              "same windows at every evaluation, which every run scores.",
+              "every evaluation, as the authors, the figure to compare with the paper), never the step-0 evaluation "
+              "of the untrained model; final val loss: the last evaluation's, which shows a late blow-up; fixed "
+              "windows: the best on the same windows at every evaluation, which every run scores.",
               "", "code: the commit each launch of the runs ran (train.py logs it), + where it ran uncommitted changes "
               "(saved in the run's code/ directory), – where not logged."]
     if any_mixed_code:

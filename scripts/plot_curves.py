@@ -19,7 +19,9 @@ label says so, naming such runs and where they stopped as the table does
 With ``--every-point``, ``val_loss_vs_{tokens,time}_<corpus>_<model>_every_point.png`` draw every setting (every
 point of a sweep, seeds averaged) instead of each optimizer's best, labelled by the values that set it apart
 (``MARS-approx, gamma=0.005``) in numeric order. A failed point (refused, diverged: its ``failure.json``) is
-dashed up to its last evaluation, which is a cross; its label says how and where it failed.
+dashed up to its last evaluation, which is a cross; its label says how and where it failed. The y axis spans
+what the healthy runs span: a failed run's evaluations above it (a blow-up to a val loss of 981) are triangles on
+the top edge, and a note under the axes says so.
 """
 import logging
 from pathlib import Path
@@ -40,6 +42,8 @@ TOKEN_UNITS = (("billions", 1e9), ("millions", 1e6), ("thousands", 1e3), ("", 1.
 TIME_UNITS = (("hours", 3600.0), ("minutes", 60.0), ("seconds", 1.0))
 ZOOM_EVALUATIONS = 20  # from this many evaluations per curve on, the first steps (from ~10.9) are cut off
 CYCLE_COLORS = 10  # lines the default colour cycle tells apart; more are drawn from tab20
+CLIPPED_NOTE = "y axis: the healthy runs' range; ▲ evaluations of failed runs above it"
+TRIANGLE_SPACING = 0.04  # in axes heights, between the triangles of runs that left the frame at one x
 
 
 def seed_curves(setting: Setting) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -88,28 +92,53 @@ def group_figure(lines: list[tuple[str, Setting]], x_axis: str, title: str) -> p
     column = 2 if x_axis == "tokens" else 3  # (label, steps, tokens, seconds, losses, failed)
     unit, scale = pick_unit(max(curve[column].max(initial=0.0) for curve in curves),
                             TOKEN_UNITS if x_axis == "tokens" else TIME_UNITS)
+    drawn = []
     for label, _, tokens, seconds, losses, failed in curves:
         x = (tokens if x_axis == "tokens" else seconds).mean(axis=0) / scale
-        [drawn] = axes.plot(x, losses.mean(axis=0), label=label, linestyle="--" if failed else "-",
-                            marker="x" if failed else None, markevery=[-1] if failed and x.size else None)
+        [line] = axes.plot(x, losses.mean(axis=0), label=label, linestyle="--" if failed else "-",
+                           marker="x" if failed else None, markevery=[-1] if failed and x.size else None)
         if len(losses) > 1:
-            axes.fill_between(x, losses.min(axis=0), losses.max(axis=0), alpha=0.2, color=drawn.get_color())
+            axes.fill_between(x, losses.min(axis=0), losses.max(axis=0), alpha=0.2, color=line.get_color())
+        drawn.append((x, losses, failed, line.get_color()))
     quantity = "training tokens" if x_axis == "tokens" else "training time"
     axes.set_xlabel(f"{quantity} ({unit})" if unit else quantity)
     axes.set_ylabel("validation loss")
-    evaluated = [losses for *_, losses, _ in curves if losses.size]
-    lowest = min(losses.mean(axis=0).min() for losses in evaluated)
-    highest = max(losses.max() for losses in evaluated)
-    if min(losses.shape[1] for losses in evaluated) >= ZOOM_EVALUATIONS:
-        # As in the paper's figures: the last unit of loss above the best, not the first steps from ~10.9.
-        highest = min(highest, lowest + 1.0)
-    axes.set_ylim(lowest - 0.05, highest + 0.05)
+    set_loss_range(axes, [entry for entry in drawn if entry[1].size])
     axes.set_title(title)
     axes.grid(alpha=0.3)
     figure.tight_layout()  # for the axes alone: the file, saved with bbox_inches="tight", takes the legend in
     # Beside the axes: a sweep's every point makes a long legend, which inside would hide the curves.
     axes.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
     return figure
+
+
+def set_loss_range(axes: plt.Axes, curves: list[tuple[np.ndarray, np.ndarray, bool, str]]) -> None:
+    """The y range of ``curves`` (x, losses per seed, failed, colour): what the healthy ones span, so that one run
+    that blew up (a val loss of 981) does not flatten the rest; its evaluations above the range are triangles on
+    the top edge, and a note says so. Long runs are zoomed as the paper does."""
+    healthy = [losses for _, losses, failed, _ in curves if not failed] or [losses for _, losses, _, _ in curves]
+    lowest = min(np.nanmin(losses.mean(axis=0)) for _, losses, _, _ in curves)
+    highest = max(np.nanmax(losses) for losses in healthy)
+    top = highest
+    if min(losses.shape[1] for _, losses, _, _ in curves) >= ZOOM_EVALUATIONS:
+        # As in the paper's figures: the last unit of loss above the best, not the first steps from ~10.9.
+        top = min(highest, lowest + 1.0)
+    axes.set_ylim(lowest - 0.05, top + 0.05)
+    escaped, triangles_at = [], {}
+    for x, losses, _, color in curves:
+        mean = losses.mean(axis=0)
+        beyond = ~(mean <= highest + 0.05)  # a NaN evaluation left the frame too
+        if beyond.any():
+            heights = []
+            for at in x[beyond].tolist():  # below the triangles of other runs at the same x, so that each is seen
+                heights.append(1 - TRIANGLE_SPACING * triangles_at.get(at, 0))
+                triangles_at[at] = triangles_at.get(at, 0) + 1
+            axes.plot(x[beyond], heights, transform=axes.get_xaxis_transform(), linestyle="none", marker="^",
+                      color=color, clip_on=False)
+            escaped += mean[beyond].tolist()
+    if escaped:
+        axes.text(0, -0.16, f"{CLIPPED_NOTE} (up to {np.nanmax(escaped):.4g})", transform=axes.transAxes, va="top",
+                  fontsize="small")  # under the x label
 
 
 def plot_curves(runs: list[Run], out: Path, every_point: bool = False) -> list[Path]:

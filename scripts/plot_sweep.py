@@ -11,9 +11,12 @@ is the mean over seeds of each run's best validation loss, its bar spans the see
 A point whose seeds include a run whose last logged step is short of its max_iters (preempted and never resumed,
 killed, or still running: ``Run.stopped_early``) is drawn hollow, and the legend says what that means: such a
 run's best loss is that of the steps it reached, short of those configured (make_table marks such figures
-``*``). A warning names such runs and where they stopped. A point that failed (refused, diverged: its
-``failure.json``) has no loss: it is a cross at the bottom of the axes, in its line's colour, and the legend gives
-its reason. Lines are in the order of the optimizers, then of the value held fixed, in numeric order.
+``*``). A warning names such runs and where they stopped. A point that diverged or failed while it trained (its
+``failure.json``) has no loss: it is a cross at the bottom of the axes, in its line's colour (crosses at one value
+stacked upwards), and the legend gives its reason. A refused point never ran, and its value may be one no axis
+should show (gamma = -0.1): it is listed under the axes with its reason, not drawn. Lines are in the order of the
+optimizers, then of the value held fixed, in numeric order. A figure whose every point failed is not written: one
+line says so.
 """
 import json
 import logging
@@ -33,6 +36,8 @@ log = logging.getLogger(__name__)
 SWEPT = {"lr": "learning rate", "gamma": "gamma (MARS)"}
 STOPPED_NOTE = "hollow: includes runs stopped before their configured steps"
 FAILURE_NOTE_LENGTH = 60  # characters of a failed point's reason in the legend
+CROSS_SPACING = 0.05  # in axes heights, between crosses of failed points at one value
+REFUSED_NOTE = "refused, not drawn:"
 
 
 @dataclass
@@ -44,7 +49,8 @@ class SweepLine:
     high: list[float] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
     stopped: list[list[Run]] = field(default_factory=list)  # per point, its seeds that stopped before max_iters
-    failed: list[tuple[float, Run]] = field(default_factory=list)  # (swept value, run) of each failed point
+    failed: list[tuple[float, Run]] = field(default_factory=list)  # (swept value, run) of each point that failed
+    refused: list[tuple[float, Run]] = field(default_factory=list)  # (swept value, run) of each refused point
 
 
 # Learning rates that an lr sweep may move with the swept one (MARS's lr_1d, Muon's AdamW part) or hold fixed.
@@ -106,7 +112,9 @@ def sweep_lines(runs: list[Run], parameter: str) -> dict[tuple[str, str, float],
             line = SweepLine(label)
             for setting in members:
                 if setting.failed:
-                    line.failed += [(getattr(setting.first, parameter), run) for run in setting.runs]
+                    for run in setting.runs:
+                        kept = line.refused if run.failure["kind"] == "refused" else line.failed
+                        kept.append((getattr(setting.first, parameter), run))
                     continue
                 losses = setting.best_val_losses
                 line.x.append(getattr(setting.first, parameter))
@@ -130,20 +138,21 @@ def plot_panel(lines: list[SweepLine], parameter: str, title: str, path: Path) -
 
 
 def panel_figure(lines: list[SweepLine], parameter: str, title: str) -> plt.Figure:
-    """The ``lines`` against the swept ``parameter``; points with stopped runs hollow, and the legend says so."""
+    """The ``lines`` against the swept ``parameter``; points with stopped runs hollow, and the legend says so;
+    failed points crosses at the bottom, refused ones listed under the axes."""
     figure, axes = plt.subplots(figsize=(6, 4.5))
-    handles, failed = [], []
-    for line in lines:
-        errors = [[m - lo for m, lo in zip(line.mean, line.low)], [hi - m for m, hi in zip(line.mean, line.high)]]
-        handles.append(axes.errorbar(line.x, line.mean, yerr=errors, marker="o", capsize=3, label=line.label))
-        mean_line = handles[-1].lines[0]
-        stopped = [(x, mean) for x, mean, runs in zip(line.x, line.mean, line.stopped) if runs]
-        if stopped:
-            # Over the filled markers, which errorbar draws above its bars; in the line's colour, so that the
-            # next line does not take another from the cycle.
-            axes.plot(*zip(*stopped), linestyle="none", marker="o", color=mean_line.get_color(),
-                      markerfacecolor="white", zorder=mean_line.get_zorder() + 0.1)
-        failed += [failed_point(axes, line, x, run, parameter, mean_line.get_color()) for x, run in line.failed]
+    handles, failed, crosses_at = [], [], {}
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, line in enumerate(lines):
+        color = colors[index % len(colors)]
+        if line.x:  # a line whose every point failed has no curve, nor a legend entry of its own
+            errors = [[m - lo for m, lo in zip(line.mean, line.low)], [hi - m for m, hi in zip(line.mean, line.high)]]
+            handles.append(axes.errorbar(line.x, line.mean, yerr=errors, marker="o", capsize=3, label=line.label,
+                                         color=color))
+            draw_stopped(axes, line, handles[-1].lines[0])
+        for x, run in line.failed:
+            crosses_at[x] = crosses_at.get(x, -1) + 1
+            failed.append(failed_point(axes, line, x, run, parameter, color, crosses_at[x]))
     handles += failed
     if any(runs for line in lines for runs in line.stopped):
         handles.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="white", markeredgecolor="gray",
@@ -154,34 +163,54 @@ def panel_figure(lines: list[SweepLine], parameter: str, title: str) -> plt.Figu
     axes.set_ylabel("best validation loss (mean over seeds; bars: min-max)")
     axes.set_title(title)
     axes.grid(alpha=0.3)
+    refused = [f"{line.label}, {parameter} {x:g}: {run.failure['reason']}" for line in lines for x, run in line.refused]
+    if refused:  # under the x label, one line each
+        axes.text(0, -0.16, "\n".join([REFUSED_NOTE, *refused]), transform=axes.transAxes, va="top",
+                  fontsize="small")
     figure.tight_layout()  # for the axes alone: the file, saved with bbox_inches="tight", takes the legend in
     # Beside the axes: reasons of failed points are long, and a legend inside would hide points.
     axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
     return figure
 
 
-def failed_point(axes: plt.Axes, line: SweepLine, x: float, run: Run, parameter: str, color) -> Line2D:
-    """A cross at the bottom of the axes where a failed point lies (nowhere if a log axis cannot show its value),
-    and its legend entry: the line, the value and the reason."""
+def draw_stopped(axes: plt.Axes, line: SweepLine, mean_line: Line2D) -> None:
+    """Hollow markers over the points that include stopped runs: over the filled markers, which errorbar draws
+    above its bars, in the line's colour."""
+    stopped = [(x, mean) for x, mean, runs in zip(line.x, line.mean, line.stopped) if runs]
+    if stopped:
+        axes.plot(*zip(*stopped), linestyle="none", marker="o", color=mean_line.get_color(),
+                  markerfacecolor="white", zorder=mean_line.get_zorder() + 0.1)
+
+
+def failed_point(axes: plt.Axes, line: SweepLine, x: float, run: Run, parameter: str, color, below: int) -> Line2D:
+    """A cross at the bottom of the axes where a failed point lies, above the ``below`` crosses already at that
+    value, and its legend entry: the line, the value and the reason."""
     cross = {"linestyle": "none", "marker": "x", "markersize": 9, "markeredgewidth": 2, "color": color}
-    if parameter != "lr" or x > 0:
-        axes.plot([x], [0], transform=axes.get_xaxis_transform(), clip_on=False, **cross)
+    axes.plot([x], [CROSS_SPACING * below], transform=axes.get_xaxis_transform(), clip_on=False, **cross)
     note = run.failure_note
     note = note if len(note) <= FAILURE_NOTE_LENGTH else note[:FAILURE_NOTE_LENGTH - 1] + "…"
     return Line2D([], [], label=f"{line.label}, {parameter} {x:g} {note}", **cross)
 
 
 def plot_sweeps(runs: list[Run], out: Path) -> list[Path]:
-    written = []
+    """A figure per swept parameter and (corpus, model, budget); none, but a line saying so, where every point
+    failed: an empty figure would say nothing."""
+    written, all_failed = [], []
     for parameter in SWEPT:
         for (corpus, model, budget), lines in sorted(sweep_lines(runs, parameter).items()):
+            title = f"{display_model(model)}, {display_corpus(corpus)}, {tokens_label(budget)} tokens"
+            if not any(line.x for line in lines):
+                all_failed.append(f"every point of the {parameter} sweep of {title} failed")
+                continue
             out.mkdir(parents=True, exist_ok=True)
             path = out / f"{parameter}_sweep_{corpus}_{model}_{tokens_label(budget)}.png"
-            title = f"{display_model(model)}, {display_corpus(corpus)}, {tokens_label(budget)} tokens"
             plot_panel(lines, parameter, title, path)
             written.append(path)
     if not written:
-        raise ValueError("no setting was run at two or more values of lr or gamma: nothing to plot")
+        raise ValueError(f"{'; '.join(all_failed)}: nothing to plot (scripts.make_table gives each one's reason)"
+                         if all_failed else "no setting was run at two or more values of lr or gamma: nothing to plot")
+    for nothing in all_failed:
+        log.info("%s: nothing to draw (scripts.make_table gives each one's reason)", nothing)
     return written
 
 

@@ -12,8 +12,9 @@ overrides; a refused point may hold nothing else): it is a run too (``Run.failur
 healthy seeds of its setting but a setting of its own (:func:`split_failed`). Two runs of one setting with the
 same ``train.seed`` (a sweep and a re-run of it in another directory) are one run, not two seeds: the one that
 trained furthest is kept, and the other is named as left out (:func:`one_run_per_seed`).
-Besides a run's best validation loss, its best within the first B tokens (``Run.best_val_loss_within``) is what
-a shorter budget B reads off a longer run.
+A run's best validation loss is that of its evaluations after step 0 (the step-0 one scores the untrained model);
+besides it, its final one (``Run.final_val_loss``) shows a late blow-up, and its best within the first B tokens
+(``Run.best_val_loss_within``) is what a shorter budget B reads off a longer run.
 Used by ``scripts.make_table``, ``scripts.plot_curves`` and ``scripts.plot_sweep``.
 """
 import argparse
@@ -105,9 +106,21 @@ class Run:
         return [r for r in self.records if "val/loss" in r]
 
     @property
+    def trained_evaluations(self) -> list[dict]:
+        """The evaluations after step 0: the step-0 one scores the untrained model, the same for every optimizer,
+        and is no run's best."""
+        return [r for r in self.evaluations if r["step"] > 0]
+
+    @property
     def best_val_loss(self) -> float | None:
-        losses = [r["val/loss"] for r in self.evaluations]
+        losses = [r["val/loss"] for r in self.trained_evaluations]
         return min(losses) if losses else None
+
+    @property
+    def final_val_loss(self) -> float | None:
+        """The last evaluation's loss (after step 0): beside the best, it shows a late blow-up."""
+        evaluations = self.trained_evaluations
+        return evaluations[-1]["val/loss"] if evaluations else None
 
     @property
     def best_val_loss_fixed(self) -> float | None:
@@ -115,7 +128,7 @@ class Run:
         (train.eval_sampling=fresh, the paper's procedure), ``val/loss`` of one evaluated on fixed windows; None
         for a run that logged no such figure."""
         fresh = self.config.get("train", {}).get("eval_sampling") == "fresh"
-        losses = [r["val/loss_fixed"] if fresh else r["val/loss"] for r in self.evaluations
+        losses = [r["val/loss_fixed"] if fresh else r["val/loss"] for r in self.trained_evaluations
                   if not fresh or "val/loss_fixed" in r]
         return min(losses) if losses else None
 
@@ -154,7 +167,7 @@ class Run:
         end = self.prefix_steps(tokens)
         if end is None or not any(record["step"] >= end for record in self.records):
             return None
-        losses = [r["val/loss"] for r in self.evaluations if r["step"] <= end]
+        losses = [r["val/loss"] for r in self.trained_evaluations if r["step"] <= end]
         return min(losses) if losses else None
 
 
@@ -549,6 +562,11 @@ class Setting:
     def mean_best_val_loss_fixed(self) -> float | None:
         losses = [run.best_val_loss_fixed for run in self.runs if run.best_val_loss_fixed is not None and not run.failed]
         return statistics.fmean(losses) if losses else None
+
+    @property
+    def final_val_losses(self) -> list[float]:
+        """The last validation loss of each seed, failed ones too: how far a blow-up went."""
+        return [run.final_val_loss for run in self.runs if run.final_val_loss is not None]
 
     @property
     def mean_best_val_loss(self) -> float:

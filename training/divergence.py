@@ -1,18 +1,26 @@
-"""Stop on a non-finite loss or gradient norm, or skip up to a set number of such steps first; never save a
-checkpoint whose weights or optimizer state are not finite."""
+"""Stop on a non-finite loss or gradient norm, or skip up to a set number of such steps first; stop (or mark) a run
+whose validation loss rose above the untrained model's; never save a checkpoint whose weights or optimizer state
+are not finite."""
 import logging
 import math
+from pathlib import Path
 
 import torch
+
+from training.distributed import DistributedContext, all_gather_objects
+from training.metrics import read_metrics
 
 log = logging.getLogger(__name__)
 
 
-AFTER_DIVERGENCE = "Lower optimizer.lr or raise train.warmup_iters, then resume with those changes added to"
-
-
 class TrainingDiverged(RuntimeError):
-    pass
+    """The run diverged at ``step``. The message says how, where its last good checkpoint lies and what to do;
+    ``reason`` says how alone, without the step (what ``failure.json`` keeps and a table cell shows)."""
+
+    def __init__(self, reason: str, step: int, checkpoint_path, advice: str):
+        super().__init__(f"diverged at step {step}: {reason}; last good checkpoint: "
+                         f"{checkpoint_path or 'none written yet'}. {advice}")
+        self.reason, self.step = reason, step
 
 
 class DivergenceGuard:
@@ -21,12 +29,11 @@ class DivergenceGuard:
     A step whose loss or gradient norm is NaN/inf is skipped (its gradient dropped, the data and the schedule
     moving on) while fewer than ``max_skipped_steps`` have been skipped in the run so far; the next one stops
     the run with a message naming the step and the last good checkpoint. ``skipped_steps`` travels in the
-    checkpoint, so a resumed run keeps counting.
+    checkpoint, so a resumed run keeps counting. ``advice``: what to do then (``training.sweep.divergence_advice``).
     """
 
-    def __init__(self, max_skipped_steps: int = 0, skipped_steps: int = 0, resume: str = "train.resume=true"):
-        self.max_skipped_steps, self.skipped_steps = max_skipped_steps, skipped_steps
-        self.resume = resume  # the command that resumes the run, for the message that stops it
+    def __init__(self, max_skipped_steps: int = 0, skipped_steps: int = 0, advice: str = ""):
+        self.max_skipped_steps, self.skipped_steps, self.advice = max_skipped_steps, skipped_steps, advice
 
     def allows_update(self, step: int, loss: float, grad_norm: float, checkpoint_path=None,
                       lookahead_grad_norm: float = 0.0) -> bool:
@@ -40,16 +47,52 @@ class DivergenceGuard:
             grad_norm = f"{grad_norm} (look-ahead gradient norm {lookahead_grad_norm})"
         if self.skipped_steps >= self.max_skipped_steps:
             skipped = f" after skipping {self.skipped_steps} such step(s)" if self.skipped_steps else ""
-            raise TrainingDiverged(
-                f"non-finite training loss {loss} / gradient norm {grad_norm} at step {step}{skipped}; "
-                f"last good checkpoint: {checkpoint_path or 'none written yet'}. {AFTER_DIVERGENCE}: "
-                f"{self.resume}"
-            )
+            raise TrainingDiverged(f"non-finite training loss {loss} / gradient norm {grad_norm}{skipped}", step,
+                                   checkpoint_path, self.advice)
         self.skipped_steps += 1
         log.warning("non-finite training loss %s / gradient norm %s at step %d: update skipped (%d of "
                     "train.max_skipped_steps=%d)", loss, grad_norm, step, self.skipped_steps,
                     self.max_skipped_steps)
         return False
+
+
+class ValLossWatch:
+    """Marks the run diverged at the first evaluation whose validation loss is above ``ratio`` x the step-0 one,
+    the untrained model's: a finite blow-up (lr = 10: 10.8 -> 981), which no NaN reveals. With ``stop`` the run
+    stops there; else it trains on and is marked diverged at its end (``raise_if_diverged``)."""
+
+    def __init__(self, ratio: float, stop: bool, advice: str, initial_val_loss: float | None = None):
+        self.ratio, self.stop, self.advice = ratio, stop, advice
+        self.initial_val_loss = initial_val_loss
+        self.divergence: tuple[str, int] | None = None  # (reason, step) of the first evaluation above the limit
+
+    def check(self, step: int, val_loss: float, checkpoint_path=None) -> None:
+        if step == 0:
+            self.initial_val_loss = val_loss
+            return
+        limit = None if self.initial_val_loss is None else self.ratio * self.initial_val_loss
+        if self.divergence is not None or limit is None or val_loss <= limit:
+            return
+        reason = (f"val loss {val_loss:.4g}, above {self.ratio:g} x the step-0 val loss {self.initial_val_loss:.4g} "
+                  "(train.diverged_val_loss_ratio)" if math.isfinite(val_loss) else f"non-finite val loss {val_loss}")
+        self.divergence = (reason, step)
+        if self.stop:
+            raise TrainingDiverged(*self.divergence, checkpoint_path, self.advice)
+        log.warning("diverged at step %d: %s; training on (train.stop_on_diverged_val_loss=false)", step,
+                    self.divergence[0])
+
+    def raise_if_diverged(self, checkpoint_path=None) -> None:
+        """At the end of a run that trained on past its divergence: mark it diverged all the same."""
+        if self.divergence is not None:
+            raise TrainingDiverged(*self.divergence, checkpoint_path, self.advice)
+
+
+def initial_val_loss(run_dir: Path, ctx: DistributedContext) -> float | None:
+    """The step-0 validation loss in the run's log (rank 0 reads it; every rank gets it), for a resumed run."""
+    read = None
+    if ctx.is_main:
+        read = next((r["val/loss"] for r in read_metrics(run_dir) if r["step"] == 0 and "val/loss" in r), None)
+    return all_gather_objects(read, ctx)[0]
 
 
 def non_finite_entries(model_state: dict, optimizer_state: dict) -> list[str]:
@@ -65,8 +108,9 @@ def non_finite_entries(model_state: dict, optimizer_state: dict) -> list[str]:
             if torch.is_tensor(tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
 
 
-def non_finite_state_message(step: int, names: list[str], checkpoint_path, resume: str) -> str:
+def non_finite_state_reason(names: list[str]) -> str:
     listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    return (f"the state after step {step} holds non-finite values ({listed}): its checkpoint is not written, so "
-            f"that no resume starts from it; last good checkpoint: {checkpoint_path or 'none written yet'}. "
-            f"{AFTER_DIVERGENCE}: {resume}")
+    return f"non-finite values in the state after the step ({listed})"
+
+
+NOT_CHECKPOINTED = "Its checkpoint is not written, so that no resume starts from it."

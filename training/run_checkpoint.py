@@ -4,12 +4,12 @@ from pathlib import Path
 
 from training.checkpoint import CheckpointSaveError, checkpoint_step, save_checkpoint
 from training.distributed import DistributedContext, all_gather_objects
-from training.divergence import TrainingDiverged, non_finite_entries, non_finite_state_message
+from training.divergence import NOT_CHECKPOINTED, TrainingDiverged, non_finite_entries, non_finite_state_reason
 from training.optimizers import full_state_dict
 from training.run_dir import RunDirectoryError, RunDirectoryLock
 from training.runtime import rng_state
 from training.summary import Progress
-from training.sweep import resume_command
+from training.sweep import divergence_advice, resume_command
 
 
 def save_run_checkpoint(run_dir: Path, progress: Progress, model, optimizer, config: dict, wandb_run_id: str | None,
@@ -30,7 +30,7 @@ def save_run_checkpoint(run_dir: Path, progress: Progress, model, optimizer, con
                  "wandb_run_id": wandb_run_id, "skipped_steps": skipped_steps}
         non_finite = non_finite_entries(state["model"], optimizer_state)
         if non_finite:
-            diverged = non_finite_state_message(step, non_finite, progress.checkpoint, resume_command())
+            diverged = non_finite_state_reason(non_finite)
         else:
             try:
                 lock.hold_on()
@@ -43,7 +43,8 @@ def save_run_checkpoint(run_dir: Path, progress: Progress, model, optimizer, con
     # save stops every rank.
     outcomes = all_gather_objects((failure, diverged), ctx)
     if any(diverged for _, diverged in outcomes):
-        raise TrainingDiverged(next(diverged for _, diverged in outcomes if diverged))
+        raise TrainingDiverged(next(diverged for _, diverged in outcomes if diverged), step, progress.checkpoint,
+                               f"{NOT_CHECKPOINTED} {divergence_advice(run_dir)}")
     failures = [failure for failure, _ in outcomes if failure]
     if failures:
         raise CheckpointSaveError(failures[0])

@@ -47,15 +47,15 @@ def opening_lines(cfg, data_read: dict, launch: dict | None, num_params: int, wo
 def closing_summary(records: list[dict], progress: Progress, max_iters: int, run_dir: Path, resume: str,
                     tabulate_dir: Path) -> list[str]:
     """The closing lines of a run whose metrics log holds ``records`` (every launch's, so a resumed run's best
-    validation loss may be from before this launch)."""
+    validation loss may be from before this launch). The step-0 evaluation, the untrained model's, is no best."""
     ended = "finished" if progress.step >= max_iters else "stopped"
-    losses = [(r["step"], r["val/loss"]) for r in records if "val/loss" in r]
+    losses = [(r["step"], r["val/loss"]) for r in records if "val/loss" in r and r["step"] > 0]
     if losses:
         best_step, best = min(losses, key=lambda step_loss: step_loss[1])
         final_step, final = losses[-1]
         val = f"val loss best {best:.4f} at step {best_step}, final {final:.4f} at step {final_step}"
     else:
-        val = "no val loss logged"
+        val = "no val loss logged after step 0"
     again = "resume (raise train.max_iters to train on)" if ended == "finished" else "resume"
     return [f"run {ended} at step {progress.step} of {max_iters} (train.max_iters) | {val}",
             f"last checkpoint: {progress.checkpoint or 'none'} | run dir: {run_dir}",

@@ -105,6 +105,27 @@ def resume_command() -> str:
             or this_command_resumed(f"hydra.sweep.dir={hydra_cfg.sweep.dir}"))
 
 
+TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "train.py"
+LOWER_LR = "lower optimizer.lr or raise train.warmup_iters"
+
+
+def divergence_advice(run_dir: Path) -> str:
+    """What to do about a run that diverged: resume it with a lower lr. In a sweep, rerun this one point alone in
+    its directory, with the lr in its command lowered: the sweep's command holds every value of the sweep."""
+    if not in_sweep():
+        return f"{LOWER_LR.capitalize()}, then resume with those changes added to: {resume_command()}"
+    return f"To rerun this point alone, {LOWER_LR} in: {point_command(run_dir)}"
+
+
+def point_command(run_dir: Path) -> str:
+    """The single run that continues this sweep point in its directory: train.py with the point's overrides."""
+    overrides = [arg for arg in HydraConfig.get().overrides.task if not arg.lstrip("+~").startswith(LAUNCH_ARGUMENTS)]
+    # Quoted for Hydra: a point's directory name holds its overrides' "=" and ",".
+    quoted_dir = str(run_dir).replace("\\", "\\\\").replace("'", "\\'")
+    return shlex.join([sys.executable, str(TRAIN_SCRIPT), *overrides, f"hydra.run.dir='{quoted_dir}'",
+                       "train.resume=true"])
+
+
 def this_command_resumed(where: str) -> str:
     """This process's command line with its launch arguments replaced by ``where`` and ``train.resume=true``."""
     kept = [arg for arg in sys.argv[1:] if not arg.lstrip("+~").startswith(LAUNCH_ARGUMENTS)]
@@ -189,6 +210,8 @@ def record_failure(run_dir: Path, err: BaseException, reason: str, step: int) ->
     record is not this launch's to touch."""
     if int(os.environ.get("RANK", "0")) != 0:
         return
+    if isinstance(err, TrainingDiverged):  # how it diverged, at the step it did: the advice is no table's cell
+        reason, step = err.reason, err.step
     lock = RunDirectoryLock(run_dir)
     try:
         lock.acquire()

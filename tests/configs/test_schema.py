@@ -89,6 +89,7 @@ def test_enum_values_are_checked():
     ("train.min_lr=1.0", "train.min_lr"),
     ("train.grad_clip=-1", "train.grad_clip"),
     ("train.max_skipped_steps=-1", "train.max_skipped_steps"),
+    ("train.diverged_val_loss_ratio=0.5", "train.diverged_val_loss_ratio"),
     ("train.loss_chunk_size=-1", "train.loss_chunk_size"),
     ("model.n_head=3", "model.n_head"),
 ])

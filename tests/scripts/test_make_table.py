@@ -42,7 +42,7 @@ def test_every_setting_is_listed_with_its_seeds(paper_runs):
     lines = [line for line in table.splitlines() if line.startswith("| OpenWebText | GPT-2 small | 5B |")]
     assert len(lines) == 3
     adamw, best_mars, other_mars = ([cell.strip() for cell in line.strip("|").split("|")] for line in lines)
-    assert adamw[3:9] == ["AdamW", "0.0006", "–", "2", "3.203", "0.003"]
+    assert adamw[3:10] == ["AdamW", "0.0006", "–", "2", "3.203", "3.203", "0.003"]
     assert best_mars[3:8] == ["MARS-approx", "0.006", "0.025", "1", "3.110"]
     assert other_mars[5] == "0.05" and other_mars[7] == "3.120"
     assert "Paper numbers: Yuan et al." in table
@@ -203,9 +203,9 @@ def test_every_setting_shows_its_best_on_fixed_windows_beside_the_papers_procedu
             for line in table.splitlines() if line.startswith(("| OpenWebText | GPT-2 small | 5B | AdamW",
                                                                  "| Shakespeare (embedded) |"))}
     # Mean of the seeds' best, then the fixed windows': seed 2 logged no fixed-window figure, only seed 1 counts.
-    assert rows["OpenWebText"][7:10] == ["3.203", "0.003", "3.211"]
+    assert rows["OpenWebText"][7:11] == ["3.203", "3.203", "0.003", "3.211"]
     # A run evaluated on fixed windows: its best is the fixed-window figure.
-    assert rows["Shakespeare (embedded)"][7] == rows["Shakespeare (embedded)"][9] == "6.250"
+    assert rows["Shakespeare (embedded)"][7] == rows["Shakespeare (embedded)"][10] == "6.250"
     assert "fixed windows: the best on the same windows at every evaluation" in table
 
 
@@ -233,7 +233,7 @@ def test_failed_sweep_points_have_rows_of_their_own_with_their_reason(tmp_path, 
     make_failure(sweep / "3_optimizer.lr=-1", "refused", "optimizer.lr must be positive, got -1.0", 0,
                  [*mars, "optimizer.lr=-1"])
     table = make_table(load_runs([str(sweep)]))
-    rows = {(row[4], row[5], row[11].split(" ")[0]): row[6:8] + [row[11]] for row in setting_rows(table)}
+    rows = {(row[4], row[5], row[12].split(" ")[0]): row[6:8] + [row[12]] for row in setting_rows(table)}
     assert rows == {
         ("0.003", "0.025", "0_gamma=0.025"): ["1", "6.000", "0_gamma=0.025"],
         ("0.003", "0.025", "1_gamma=0.025,seed=2"): [
@@ -255,7 +255,7 @@ def test_two_runs_of_one_seed_count_once_and_the_table_says_which_it_kept(tmp_pa
     table = make_table(load_runs([str(tmp_path)]))
     [row] = setting_rows(table)
     assert row[6:8] == ["2", f"{(6.2 + 6.4) / 2:.3f}"]  # seeds 1337 and 2, nothing stopped
-    assert row[11] == ("0_optimizer=adamw, 1_seed=2; left out: 12-00-00/0_optimizer=adamw (seed 1337 as "
+    assert row[12] == ("0_optimizer=adamw, 1_seed=2; left out: 12-00-00/0_optimizer=adamw (seed 1337 as "
                        "13-00-00/0_optimizer=adamw, which trained further (step 100 vs 40))")
     assert "are one run, not two seeds" in table
 
@@ -267,7 +267,7 @@ def test_of_two_finished_runs_of_one_seed_the_newest_is_kept(tmp_path, make_run)
     os.utime(older / "metrics.jsonl", (1e9, 1e9))
     [row] = setting_rows(make_table(load_runs([str(tmp_path)])))
     assert row[6:8] == ["1", "6.300"]
-    assert row[11].endswith("left out: a/0_optimizer=adamw (seed 1337 as b/0_optimizer=adamw, which is newer, as far "
+    assert row[12].endswith("left out: a/0_optimizer=adamw (seed 1337 as b/0_optimizer=adamw, which is newer, as far "
                             "as it trained)")
 
 
@@ -413,3 +413,17 @@ def test_a_run_an_older_version_wrote_is_left_out_of_the_table_and_listed_with_w
     assert "| 1 | 6.200 |" in table and "| 2 |" not in table  # one seed: the old run is not pooled with it
     assert (f"- {old}: left out, written by an older version of this project (its config has no "
             "optimizer.adamw_variant, optimizer.update_dtype): train it again to tabulate it") in table
+
+
+def test_the_untrained_step_0_is_no_best_and_the_final_loss_stands_beside_the_best(tmp_path, make_run):
+    # Rose after its first evaluation (a late blow-up below the divergence limit): best 7.0, final 9.5.
+    make_run(tmp_path / "late", [*TINY, "optimizer=adamw"], [10.8, 7.0, 9.5], 1024)
+    # Within its first 102K tokens (100 steps, the other run's budget) evaluated at step 0 alone: no "within" row
+    # takes the untrained model's loss.
+    make_run(tmp_path / "early", [*TINY, "optimizer=mars-adamw", "train.max_iters=400"], [10.822, 11.5], 1024,
+             eval_steps=[0, 300])
+    table = make_table(load_runs([str(tmp_path)]))
+    late, early = sorted(setting_rows(table), key=lambda row: row[3])
+    assert late[3] == "AdamW" and late[7:9] == ["7.000", "9.500"]
+    assert early[3] == "MARS-approx" and early[7:9] == ["11.500*", "11.500*"]  # * stopped at step 300
+    assert "10.822" not in table

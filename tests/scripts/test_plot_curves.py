@@ -1,5 +1,6 @@
 """Validation-loss curves against tokens and training time: one pair of PNG files per corpus and model size."""
 import logging
+import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -157,3 +158,29 @@ def test_cli_every_point_writes_figures_of_their_own(gamma_sweep, tmp_path, caps
     assert printed == ["val_loss_vs_time_embedded_4x128_every_point.png",
                        "val_loss_vs_tokens_embedded_4x128_every_point.png"]
     assert all((tmp_path / "figures" / name).read_bytes().startswith(PNG_SIGNATURE) for name in printed)
+
+
+def test_a_run_that_blew_up_leaves_the_frame_as_triangles_and_the_healthy_curves_keep_their_range(
+        gamma_sweep, make_run, make_failure, tmp_path, monkeypatch):
+    mars = [*TINY, "optimizer=mars-adamw", "optimizer.lr=10"]
+    blown = make_run(gamma_sweep / "mars-lr=10", mars, [10.8, 981.0, 757.0], 1024)
+    make_failure(blown, "diverged", "val loss 981, above 1 x the step-0 val loss 10.8", 50, mars)
+    nan = [*mars[:-1], "optimizer.lr=1e8"]
+    make_failure(make_run(gamma_sweep / "mars-lr=1e8", nan, [10.8, math.nan], 1024, eval_steps=[0, 50]),
+                 "diverged", "non-finite val loss nan", 50, nan)
+    drawn = []
+    monkeypatch.setattr(plot_curves_module, "plot_group", lambda lines, *args: drawn.append(lines))
+    plot_curves(load_runs([str(gamma_sweep)]), tmp_path / "curves", every_point=True)
+    figure = group_figure(drawn[0], "tokens", "every point")
+    axes = figure.axes[0]
+    low, high = axes.get_ylim()
+    assert low < 6.0 and 10.8 < high < 11.0  # what the healthy runs span, from their best to step 0
+    triangles = [line for line in axes.lines if line.get_marker() == "^"]
+    # On the top edge; the NaN one at step 50 below the other's there, not hidden behind it.
+    assert [(line.get_xdata().tolist(), line.get_ydata().tolist()) for line in triangles] == [
+        (pytest.approx([50 * 1024 / 1e3, 100 * 1024 / 1e3]), [1.0, 1.0]),
+        (pytest.approx([50 * 1024 / 1e3]), [1.0 - plot_curves_module.TRIANGLE_SPACING])]
+    assert all(line.get_transform() == axes.get_xaxis_transform() for line in triangles)
+    assert [text.get_text() for text in axes.texts] == [f"{plot_curves_module.CLIPPED_NOTE} (up to 981)"]
+    plt.close(figure)
+

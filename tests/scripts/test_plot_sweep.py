@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 import pytest
 from matplotlib.colors import same_color
 
-from scripts.plot_sweep import STOPPED_NOTE, main, panel_figure, sweep_lines
+from scripts.plot_sweep import CROSS_SPACING, REFUSED_NOTE, STOPPED_NOTE, main, panel_figure, sweep_lines
 from scripts.runs import load_runs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -110,27 +110,66 @@ def test_lines_of_one_optimizer_are_in_numeric_order_of_the_value_held_fixed(tmp
     plt.close(figure)
 
 
-def test_a_failed_point_is_a_cross_at_the_axis_with_its_reason_in_the_legend(sweep, make_run, make_failure, tmp_path):
+def crosses(axes) -> list[tuple[list, list]]:
+    return [(drawn.get_xdata().tolist(), drawn.get_ydata().tolist()) for drawn in axes.lines
+            if drawn.get_marker() == "x"]
+
+
+def test_a_diverged_point_is_a_cross_at_the_axis_and_a_refused_one_is_listed_under_it_not_placed(
+        sweep, make_run, make_failure, tmp_path):
     mars = [*TINY, "optimizer=mars-adamw", "optimizer.lr=1e-2"]
     diverged = make_run(sweep / "mars-gamma0.5", [*mars, "optimizer.gamma=0.5"], [10.8], 1024, eval_steps=[0])
-    make_failure(diverged, "diverged", "the loss is nan at step 3", 2, [*mars, "optimizer.gamma=0.5"])
-    make_failure(sweep / "mars-gamma-0.1", "refused", "optimizer.gamma must be >= 0, got -0.1", 0,
+    make_failure(diverged, "diverged", "non-finite training loss nan", 3, [*mars, "optimizer.gamma=0.5"])
+    make_failure(sweep / "mars-gamma-0.1", "refused", "gamma must be >= 0, got -0.1", 0,
                  [*mars, "optimizer.gamma=-0.1"])
     [[line]] = sweep_lines(load_runs([str(sweep)]), "gamma").values()
     assert (line.x, line.mean) == ([0.0, 0.025, 0.05], [6.05, 6.0, 6.1])  # the failed points have no loss
-    assert [(x, run.failure["kind"]) for x, run in line.failed] == [(-0.1, "refused"), (0.5, "diverged")]
+    assert [(x, run.failure["kind"]) for x, run in line.failed] == [(0.5, "diverged")]
+    assert [(x, run.failure["kind"]) for x, run in line.refused] == [(-0.1, "refused")]
     figure = panel_figure([line], "gamma", "sweep")
     axes = figure.axes[0]
-    crosses = [drawn for drawn in axes.lines if drawn.get_marker() == "x"]
-    assert [(drawn.get_xdata().tolist(), drawn.get_ydata().tolist()) for drawn in crosses] == [([-0.1], [0]),
-                                                                                              ([0.5], [0])]
-    assert all(drawn.get_transform() == axes.get_xaxis_transform() for drawn in crosses)  # y 0: the axis' bottom
-    assert all(same_color(drawn.get_color(), axes.containers[0].lines[0].get_color()) for drawn in crosses)
-    assert legend_texts(figure) == ["MARS-approx",
-                                    "MARS-approx, gamma -0.1 refused: optimizer.gamma must be >= 0, got -0.1",
-                                    "MARS-approx, gamma 0.5 diverged at step 2: the loss is nan at step 3"]
+    assert crosses(axes) == [([0.5], [0])]
+    cross = next(drawn for drawn in axes.lines if drawn.get_marker() == "x")
+    assert cross.get_transform() == axes.get_xaxis_transform()  # y 0: the axis' bottom
+    assert same_color(cross.get_color(), axes.containers[0].lines[0].get_color())
+    assert axes.get_xlim()[0] > -0.05  # the refused -0.1 does not stretch the axis
+    assert legend_texts(figure) == ["MARS-approx", "MARS-approx, gamma 0.5 diverged at step 3: non-finite training "
+                                                   "loss nan"]
+    assert [text.get_text() for text in axes.texts] == [
+        f"{REFUSED_NOTE}\nMARS-approx, gamma -0.1: gamma must be >= 0, got -0.1"]
     figure.savefig(tmp_path / "gamma_sweep.png")
     plt.close(figure)
+
+
+def test_failed_points_at_one_value_are_stacked_and_a_line_without_a_healthy_point_has_no_legend_entry(
+        tmp_path, make_run, make_failure):
+    # Two lines (gamma 0.025 and 0.05) diverge at lr 10; the gamma 0.05 line has no healthy point at all.
+    for gamma in (0.025, 0.05):
+        mars = [*TINY, "optimizer=mars-adamw", f"optimizer.gamma={gamma}"]
+        make_failure(tmp_path / f"mars-{gamma}-10", "diverged", "val loss 981", 20, [*mars, "optimizer.lr=10"])
+        make_failure(tmp_path / f"mars-{gamma}-20", "diverged", "val loss 1e4", 20, [*mars, "optimizer.lr=20"])
+    for lr, loss in ((1e-3, 6.3), (3e-3, 6.1)):
+        make_run(tmp_path / f"mars-{lr}", [*TINY, "optimizer=mars-adamw", f"optimizer.lr={lr}"], [10.8, loss], 1024)
+    [lines] = sweep_lines(load_runs([str(tmp_path)]), "lr").values()
+    figure = panel_figure(lines, "lr", "sweep")
+    axes = figure.axes[0]
+    assert sorted(crosses(axes)) == [([10.0], [0.0]), ([10.0], [CROSS_SPACING]), ([20.0], [0.0]),
+                                     ([20.0], [CROSS_SPACING])]
+    assert legend_texts(figure)[0] == "MARS-approx, gamma 0.025"
+    assert "MARS-approx, gamma 0.05" not in legend_texts(figure)  # no curve: its crosses carry its label
+    assert all(text.get_text() for text in figure.axes[0].get_legend().get_texts())
+    plt.close(figure)
+
+
+def test_a_sweep_whose_every_point_failed_writes_no_figure_but_one_line_saying_so(tmp_path, make_failure):
+    for lr in (10, 20):
+        make_failure(tmp_path / f"mars-{lr}", "diverged", "val loss 981", 20,
+                     [*TINY, "optimizer=mars-adamw", f"optimizer.lr={lr}"])
+    with pytest.raises(SystemExit) as stopped:
+        main([str(tmp_path), "--out", str(tmp_path / "figures")])
+    assert str(stopped.value) == ("error: every point of the lr sweep of 4x128, Shakespeare (embedded), 102K tokens "
+                                  "failed: nothing to plot (scripts.make_table gives each one's reason)")
+    assert not (tmp_path / "figures").exists()
 
 
 def test_figures_that_cannot_be_written_are_one_line_naming_the_file(sweep, tmp_path):

@@ -43,7 +43,7 @@ def test_a_run_without_a_training_step_is_a_run_stopped_at_step_0_of_its_configu
     run, = load_runs([str(tmp_path)])
     # The tiny config's batch: 8 sequences of 128 tokens, one micro-batch, on one process.
     assert run.budget == 10 * 8 * 128 and run.stopped_early and run.stopped_at == "at step 0 of 10"
-    assert run.best_val_loss == 10.9 and not run.failed
+    assert run.best_val_loss is None and not run.failed  # step 0 scores the untrained model: no best
 
 
 def test_other_model_shapes_and_mars_variants_get_their_own_labels(tmp_path, make_run):

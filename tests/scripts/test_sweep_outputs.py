@@ -37,7 +37,7 @@ def test_the_table_and_the_figures_show_every_point_of_a_sweep(tmp_path, make_ru
     assert sum("failed (diverged)" in row for row in rows) == 1 and sum("failed (refused)" in row for row in rows) == 1
 
     [[line]] = sweep_lines(runs, "gamma").values()
-    assert line.x == list(GAMMAS) and [x for x, _ in line.failed] == [-1.0, 1.0]
+    assert line.x == list(GAMMAS) and [x for x, _ in line.failed] == [1.0] and [x for x, _ in line.refused] == [-1.0]
     plt.close(panel_figure([line], "gamma", "sweep"))
 
     drawn = []

@@ -197,7 +197,8 @@ def test_a_state_gone_non_finite_is_never_checkpointed(tmp_path):
     result = subprocess.run([*small, "train.checkpoint_interval=1", "train.keep_checkpoints=1"], cwd=REPO,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert "the state after step 2 holds non-finite values (model " in result.stderr
+    assert "diverged at step 2: non-finite values in the state after the step (model " in result.stderr
+    assert "Its checkpoint is not written, so that no resume starts from it." in result.stderr
     assert "last good checkpoint: " in result.stderr and "ckpt_00000001.pt" in result.stderr
     path, checkpoint = latest_checkpoint(tmp_path, "cpu")
     assert path.name == "ckpt_00000001.pt"  # still there: pruning never ran for the refused one

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
+import matplotlib.pyplot as plt
+
 from data.embedded import prepare_embedded
+from scripts.make_table import make_table
+from scripts.plot_curves import CLIPPED_NOTE, every_point_lines, group_figure
+from scripts.plot_sweep import panel_figure, sweep_lines
+from scripts.runs import load_runs
 from training.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,7 +62,9 @@ def test_a_diverging_and_a_refused_point_are_recorded_and_every_other_point_runs
         assert f"failed: {run_dir}: gamma must be >= 0" in result.stderr
     record = failure(diverged)
     assert record["kind"] == "diverged" and "non-finite training loss" in record["reason"], record
-    assert record["step"] == last_step(diverged) and "optimizer.lr=100000000.0" in record["overrides"]
+    # The step whose loss went non-finite (its update not applied), named once: the reason alone says how.
+    assert record["step"] == last_step(diverged) + 1 and " step " not in record["reason"], record
+    assert "optimizer.lr=100000000.0" in record["overrides"]
     assert failure(good) is None and last_step(good) == 3
 
 
@@ -90,7 +98,7 @@ def test_a_single_run_that_fails_records_why_and_a_later_launch_that_trains_clea
                "train.eval_interval=3"]
     result = subprocess.run([*command, "optimizer.lr=1e8"], cwd=REPO, capture_output=True, text=True, timeout=600)
     last = result.stderr.strip().splitlines()[-1]
-    assert result.returncode == 1 and last.startswith("error: non-finite"), result.stderr
+    assert result.returncode == 1 and last.startswith("error: diverged at step "), result.stderr
     # The advice ends on the exact command that resumes the run, as the closing summary gives it.
     assert last.endswith(f": {shlex.join([*command, 'optimizer.lr=1e8'][:2])} {shlex.join(TINY)} "
                          f"train.max_iters=3 train.eval_interval=3 optimizer.lr=1e8 hydra.run.dir={tmp_path} "
@@ -161,6 +169,103 @@ def test_an_interrupted_sweep_resumes_in_place_with_its_command_without_retraini
                                                     for axis in ("tokens", "time")]
     assert [Path(path).name for path in sweeps] == ["lr_sweep_embedded_1x32_384.png"], sweeps
     assert all(Path(path).stat().st_size > 0 for path in curves + sweeps)
+
+
+def val_losses(run_dir) -> dict[int, float]:
+    return {r["step"]: r["val/loss"] for r in read_metrics(run_dir) if "val/loss" in r}
+
+
+def setting_rows(table: str) -> dict[tuple[str, str], list[str]]:
+    """The table of every setting's rows of the tiny model, by (lr, gamma)."""
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()
+            if line.startswith("| Shakespeare (embedded) | 1x32 |")]
+    return {(row[4], row[5]): row for row in rows}
+
+
+@pytest.mark.slow
+def test_a_sweep_with_a_finite_blow_up_and_a_refused_gamma_gives_a_table_and_figures_that_tell_the_truth(tmp_path):
+    # lr 10 blows up without a NaN (the val loss from 10.8 to over 100); gamma -0.1 is refused at every lr.
+    result = sweep(tmp_path, "train.max_iters=4", "train.eval_interval=2", "optimizer.gamma=0.025,-0.1",
+                   "optimizer.lr=10,1e-3,3e-3")
+    assert result.returncode == 1 and "4 of 6 sweep points failed" in result.stderr, result.stderr
+    blown, healthy = point(tmp_path, 0), [point(tmp_path, 1), point(tmp_path, 2)]
+    initial = val_losses(blown)[0]
+    assert val_losses(blown)[2] > initial and 4 not in val_losses(blown)  # stopped at the evaluation of step 2
+    record = failure(blown)
+    assert record["kind"] == "diverged" and record["step"] == 2, record
+    assert record["reason"] == (f"val loss {val_losses(blown)[2]:.4g}, above 1 x the step-0 val loss {initial:.4g} "
+                                "(train.diverged_val_loss_ratio)")
+    # The sweep's advice names this one point and reruns it alone, in its directory.
+    [told] = [line for line in result.stderr.splitlines() if line.startswith(f"failed: {blown}: ")]
+    assert told.startswith(f"failed: {blown}: diverged at step 2: {record['reason']}; last good checkpoint: "), told
+    rerun = shlex.split(told.split("To rerun this point alone, lower optimizer.lr or raise train.warmup_iters in: ")[1])
+    assert "-m" not in rerun and "optimizer.lr=10" in rerun and "optimizer.gamma=0.025" in rerun, rerun
+    assert rerun[-2:] == [f"hydra.run.dir='{blown}'", "train.resume=true"]
+
+    runs = load_runs([str(tmp_path)])
+    rows = setting_rows(make_table(runs))
+    assert rows[("10", "0.025")][7:9] == ["failed (diverged)", f"{val_losses(blown)[2]:.3f}"]
+    assert f"(diverged at step 2: {record['reason']})" in rows[("10", "0.025")][12]
+    for lr, run_dir in zip(("0.001", "0.003"), healthy):
+        trained = [loss for step, loss in val_losses(run_dir).items() if step > 0]
+        assert rows[(lr, "0.025")][7:9] == [f"{min(trained):.3f}", f"{trained[-1]:.3f}"]  # best, final; not step 0
+    assert [row[7] for key, row in rows.items() if key[1] == "-0.1"] == ["failed (refused)"] * 3
+
+    [lr_lines] = sweep_lines(runs, "lr").values()
+    figure = panel_figure(lr_lines, "lr", "lr")
+    axes = figure.axes[0]
+    assert [line.get_xdata().tolist() for line in axes.containers[0].lines[:1]] == [[1e-3, 3e-3]]
+    assert len(axes.containers) == 1  # the gamma -0.1 line, every point refused, has no curve nor legend entry
+    legend = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert legend[0] == "MARS-approx, gamma 0.025" and legend[1].startswith("MARS-approx, gamma 0.025, lr 10 diverged "
+                                                                            "at step 2: val loss") and len(legend) == 2
+    [note] = axes.texts
+    assert note.get_text().splitlines()[1:] == [f"MARS-approx, gamma -0.1, lr {lr}: gamma must be >= 0, got -0.1"
+                                                for lr in ("0.001", "0.003", "10")]
+    plt.close(figure)
+    figure = panel_figure(next(iter(sweep_lines(runs, "gamma").values())), "gamma", "gamma")
+    assert figure.axes[0].get_xlim()[0] > -0.05  # the refused gamma -0.1 does not stretch the axis
+    plt.close(figure)
+
+    [curves] = every_point_lines(runs).values()
+    figure = group_figure(curves, "tokens", "every point")
+    axes = figure.axes[0]
+    assert axes.get_ylim()[1] < initial + 0.1  # the healthy runs' range, from step 0 down
+    [triangles] = [line for line in axes.lines if line.get_marker() == "^"]
+    assert triangles.get_xdata().size == 1 and [text.get_text() for text in axes.texts] == [
+        f"{CLIPPED_NOTE} (up to {val_losses(blown)[2]:.4g})"]
+    plt.close(figure)
+
+    # Followed with a lower lr, the advice trains the point in its directory, and it fails no more.
+    lowered = ["optimizer.lr=1e-3" if arg == "optimizer.lr=10" else arg for arg in rerun]
+    assert subprocess.run(lowered, cwd=REPO, capture_output=True, text=True, timeout=600).returncode == 0
+    assert failure(blown) is None and last_step(blown) == 4
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_every_point_diverged_has_no_best_and_no_figure_but_a_line_saying_so(tmp_path):
+    result = sweep(tmp_path, "train.max_iters=4", "train.eval_interval=2", "optimizer.lr=10,20")
+    assert result.returncode == 1 and "2 of 2 sweep points failed" in result.stderr, result.stderr
+    rows = setting_rows(make_table(load_runs([str(tmp_path)])))
+    assert [row[7] for row in rows.values()] == ["failed (diverged)"] * 2
+    plotted = subprocess.run([sys.executable, "-m", "scripts.plot_sweep", str(tmp_path), "--out", tmp_path / "sweeps"],
+                             cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert plotted.returncode == 1 and plotted.stderr.strip().splitlines()[-1] == (
+        "error: every point of the lr sweep of 1x32, Shakespeare (embedded), 256 tokens failed: nothing to plot "
+        "(scripts.make_table gives each one's reason)"), plotted.stderr
+    assert not (tmp_path / "sweeps").exists()
+
+
+def test_a_run_that_trains_on_past_its_blow_up_is_marked_diverged_at_its_end_and_step_0_is_not_its_best(tmp_path):
+    result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *TINY, "train.max_iters=4",
+                             "train.eval_interval=2", "optimizer.lr=10", "train.stop_on_diverged_val_loss=false"],
+                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    losses = val_losses(tmp_path)
+    assert result.returncode == 1 and sorted(losses) == [0, 2, 4], result.stderr  # trained to its end
+    best_step = min((step for step in losses if step > 0), key=losses.get)
+    assert f"val loss best {losses[best_step]:.4f} at step {best_step}, final {losses[4]:.4f}" in result.stdout
+    assert result.stderr.strip().splitlines()[-1].startswith("error: diverged at step 2: val loss ")
+    assert failure(tmp_path)["kind"] == "diverged" and failure(tmp_path)["step"] == 2
 
 
 def script(name, *args) -> str:
