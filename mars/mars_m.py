@@ -63,7 +63,7 @@ class _ShapeScaledOrthogonal(DispatchingOptimizer):
     OPTIMIZER_OPTIONS = ("process_group", "foreach", "ns_cuda_graph")
 
     def _check_group(self, group: dict[str, Any]) -> None:
-        check_non_negative(lr=group["lr"], weight_decay=group["weight_decay"], adamw_eps=group["adamw_eps"])
+        check_non_negative(weight_decay=group["weight_decay"], adamw_eps=group["adamw_eps"])
         check_newton_schulz_group(group)
         check_ns_form(group["ns_form"], norm_in_dtype=True)  # the authors normalise in ns_dtype
         check_flags(matrix_rule=group["matrix_rule"])
