@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from mars import mars_m_foreach, reference
-from mars.cuda_graph import CapturedLists
+from mars.cuda_graph import CudaGraphedNewtonSchulz
 from mars.newton_schulz import check_ns_form, orthogonalise
 from mars.optimizer import (
     advance_steps,
@@ -54,7 +54,7 @@ PER_TENSOR = SimpleNamespace(
 )
 
 
-class _ShapeScaledOrthogonal(DispatchingOptimizer):
+class _ShapeScaledOrthogonal(CudaGraphedNewtonSchulz, DispatchingOptimizer):
     """What MarsM, MarsMEfficient and Moonlight share: every 2-D tensor of a group with ``matrix_rule`` steps by
     its orthogonalised direction (the subclass's :meth:`_directions`), scaled by 0.2 sqrt(max(A, B))
     (:func:`mars.reference.apply_shape_scaled_update`); every other tensor takes the authors' AdamW
@@ -89,7 +89,7 @@ class _ShapeScaledOrthogonal(DispatchingOptimizer):
         """The matrices whose orthogonalisations are ``params``' updates, by ``rules``; advances their ``states``."""
         raise NotImplementedError
 
-    def _matrix_step(self, params: list[Tensor], group: dict[str, Any], graph: CapturedLists | None) -> None:
+    def _matrix_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
         """Orthogonalise the directions of a group's matrices and apply them."""
         rules = self._rules()
         directions = self._directions(params, self._states(params), group, rules)
@@ -100,7 +100,7 @@ class _ShapeScaledOrthogonal(DispatchingOptimizer):
         # float64 ones reach float64 parameters unrounded.
         updates = orthogonalise(directions, group["ns_steps"], ns_dtype, self.process_group,
                                 eps=reference.MARS_M_NEWTON_SCHULZ_EPS, norm_in_dtype=True, out_dtype=ns_dtype,
-                                form=group["ns_form"], graph=graph)
+                                form=group["ns_form"], graph=self._newton_schulz_graph(group))
         rules.apply_shape_scaled_updates(params, updates, lr=as_float(group["lr"]),
                                          weight_decay=group["weight_decay"])
 

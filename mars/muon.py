@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from mars import muon_foreach, reference
-from mars.cuda_graph import CapturedLists
+from mars.cuda_graph import CudaGraphedNewtonSchulz
 from mars.newton_schulz import check_ns_form, orthogonalise
 from mars.optimizer import (
     advance_steps,
@@ -24,7 +24,7 @@ ADAMW_VARIANTS = ("authors", "torch")
 UPDATE_DTYPES = (torch.bfloat16, torch.float32)
 
 
-class Muon(DispatchingOptimizer):
+class Muon(CudaGraphedNewtonSchulz, DispatchingOptimizer):
     r"""MomentUm Orthogonalized by Newton-Schulz (Jordan et al., 2024), the Muon baseline of arXiv 2411.10438.
 
     For a 2-D tensor with gradient :math:`g_t` (rows x cols):
@@ -127,7 +127,7 @@ class Muon(DispatchingOptimizer):
         """The list functions that step the tensors: foreach ops unless ``foreach=False``."""
         return muon_foreach if self.foreach is not False else PER_TENSOR
 
-    def _matrix_step(self, params: list[Tensor], group: dict[str, Any], graph: CapturedLists | None) -> None:
+    def _matrix_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
         """Orthogonalised (Nesterov) momentum step of a group's 2-D tensors."""
         rules = self._rules()
         states = self._states(params)
@@ -137,7 +137,7 @@ class Muon(DispatchingOptimizer):
         update_dtype = group["update_dtype"]
         orthogonalised = orthogonalise(directions, group["ns_steps"], group["ns_dtype"], self.process_group,
                                        norm_in_dtype=update_dtype == torch.bfloat16, out_dtype=update_dtype,
-                                       form=group["ns_form"], graph=graph)
+                                       form=group["ns_form"], graph=self._newton_schulz_graph(group))
         rules.apply_muon_updates(params, orthogonalised, lr=as_float(group["lr"]), weight_decay=group["weight_decay"])
 
     def _adamw_step(self, params: list[Tensor], group: dict[str, Any]) -> None:

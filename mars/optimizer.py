@@ -215,7 +215,7 @@ def refuse_missing_options(optimizer: torch.optim.Optimizer, state_dict: dict[st
                 )
 
 
-class DispatchingOptimizer(CudaGraphedNewtonSchulz, torch.optim.Optimizer):
+class DispatchingOptimizer(torch.optim.Optimizer):
     """The skeleton of this package's optimizers: ``step()`` sorts each group's tensors that have a gradient by the
     update rule each takes (:meth:`_rule`, one of ``RULES``) and hands the group's lists, by rule, to
     :meth:`_step_group`; a group is checked by :meth:`_check_group` when it is added. By default the 2-D tensors
@@ -228,7 +228,9 @@ class DispatchingOptimizer(CudaGraphedNewtonSchulz, torch.optim.Optimizer):
 
     The options of the whole optimizer (``OPTIMIZER_OPTIONS``, passed to ``__init__`` by name) are attributes, kept
     out of the param groups that ``state_dict()`` saves, refused in a group, and kept through a copy or pickle, but
-    the process group: torch.distributed owns it, and an unpickled optimizer steps alone.
+    the process group: torch.distributed owns it, and an unpickled optimizer steps alone. The optimizers that run
+    Newton-Schulz add their own option (``ns_cuda_graph``, :class:`mars.cuda_graph.CudaGraphedNewtonSchulz`); this
+    class knows nothing of Newton-Schulz.
 
     State is float32 for bfloat16/float16/float32 parameters and float64 for float64 ones
     (:func:`state_zeros_like`), through ``load_state_dict`` and pickling too. A state dict whose param groups lack
@@ -236,21 +238,19 @@ class DispatchingOptimizer(CudaGraphedNewtonSchulz, torch.optim.Optimizer):
     """
 
     process_group = WeakProcessGroup()
-    OPTIMIZER_OPTIONS: tuple[str, ...] = ("process_group", "ns_cuda_graph")
+    OPTIMIZER_OPTIONS: tuple[str, ...] = ()
     RULES: tuple[str, ...] = ("matrices", "others")
     LEARNING_RATES: tuple[str, ...] = ("lr",)
     # A learning rate that versions before this one kept as a ratio to lr, by the name of the ratio they saved.
     SAVED_AS_RATIO: dict[str, str] = {}
 
     def __init__(self, params, defaults: dict[str, Any], **options: Any):
-        check_flags(ns_cuda_graph=options["ns_cuda_graph"])
         if options.get("foreach") is not None:
             check_flags(foreach=options["foreach"])
         # Set first: add_param_group compares a group's options with them.
         for key, value in options.items():
             setattr(self, key, value)
         super().__init__(params, defaults)
-        self._check_ns_cuda_graph_devices()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group after checking its hyperparameters (defaults filled in) and its parameters."""
@@ -295,8 +295,8 @@ class DispatchingOptimizer(CudaGraphedNewtonSchulz, torch.optim.Optimizer):
         # Every group is sorted before any update, so that an error (a sparse gradient) leaves every parameter and
         # its state untouched.
         sorted_groups = [self._sort_by_rule(group) for group in self.param_groups]
-        for group_index, (group, by_rule) in enumerate(zip(self.param_groups, sorted_groups)):
-            self._step_group(group, self._newton_schulz_graph(group_index), **by_rule)
+        for group, by_rule in zip(self.param_groups, sorted_groups):
+            self._step_group(group, **by_rule)
         return loss
 
     def _sort_by_rule(self, group: dict[str, Any]) -> dict[str, list[Tensor]]:
@@ -315,15 +315,14 @@ class DispatchingOptimizer(CudaGraphedNewtonSchulz, torch.optim.Optimizer):
         """The rule of ``RULES`` that steps ``param`` in ``group``."""
         return "matrices" if param.dim() == 2 else "others"
 
-    def _step_group(self, group: dict[str, Any], graph: CapturedLists | None, *, matrices: list[Tensor],
-                    others: list[Tensor]) -> None:
-        """Step a group's tensors, listed by rule; ``graph`` is its captured Newton-Schulz (``ns_cuda_graph``)."""
+    def _step_group(self, group: dict[str, Any], *, matrices: list[Tensor], others: list[Tensor]) -> None:
+        """Step a group's tensors, listed by rule."""
         if others:
             self._adamw_step(others, group)
         if matrices:
-            self._matrix_step(matrices, group, graph)
+            self._matrix_step(matrices, group)
 
-    def _matrix_step(self, params: list[Tensor], group: dict[str, Any], graph: CapturedLists | None) -> None:
+    def _matrix_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
         """Step a group's 2-D tensors."""
         raise NotImplementedError
 
@@ -449,7 +448,7 @@ REFERENCE_BACKEND = SimpleNamespace(
 )
 
 
-class MARS(LookaheadGradient, DispatchingOptimizer):
+class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
     r"""MARS: variance-reduced preconditioned optimization (Yuan et al., 2024, arXiv 2411.10438).
 
     For a tensor taking the MARS rule (2-D tensors, or all with ``optimize_1d``), with gradient
@@ -591,8 +590,8 @@ class MARS(LookaheadGradient, DispatchingOptimizer):
             return "shampoo_2d"
         return "backend_mars"
 
-    def _step_group(self, group: dict[str, Any], graph: CapturedLists | None, *, backend_mars: list[Tensor],
-                    shampoo_2d: list[Tensor], adamw: list[Tensor]) -> None:
+    def _step_group(self, group: dict[str, Any], *, backend_mars: list[Tensor], shampoo_2d: list[Tensor],
+                    adamw: list[Tensor]) -> None:
         """Run the group's tensors through their backends by device."""
         mars_type, amsgrad = group["mars_type"], group["amsgrad"]
         # mars-shampoo's tensors that are not 2-D take the AdamW-style MARS rule, as in the official code.
@@ -609,7 +608,8 @@ class MARS(LookaheadGradient, DispatchingOptimizer):
         if shampoo_2d and self.backend == "reference" and self.process_group is None:
             self._run_mars(REFERENCE_BACKEND, shampoo_2d, mars_type="mars-shampoo", ns_dtype=ns_dtype, **mars_hyper)
         elif shampoo_2d:
-            self._run_shampoo_2d(shampoo_2d, ns_dtype=ns_dtype, ns_form=ns_form, graph=graph, **mars_hyper)
+            self._run_shampoo_2d(shampoo_2d, ns_dtype=ns_dtype, ns_form=ns_form,
+                                 graph=self._newton_schulz_graph(group), **mars_hyper)
 
         beta1_1d, beta2_1d = group["betas_1d"]
         for backend, params in self._by_backend(adamw):

@@ -1,11 +1,13 @@
 """mars.MARS: every backend against a plain per-tensor loop over mars.reference, plus the optimizer contract."""
 import copy
 import io
+import pickle
 
 import pytest
 import torch
 
 from mars import MARS, available_backends, reference
+from mars.optimizer import DispatchingOptimizer
 
 # 1-D, 2-D (square, tall, wide, a single row/column) and 3-D tensors with odd sizes.
 SHAPES = [(7, 5), (13,), (3, 4, 2), (1, 9), (9, 1), (5,), (17, 11)]
@@ -561,3 +563,33 @@ def test_auto_backend_uses_torch_for_cpu_tensors():
         p.grad = grad.clone()
         MARS([p], backend=backend).step()
     torch.testing.assert_close(param, reference_param, rtol=0, atol=0)
+
+
+class PlainSGD(DispatchingOptimizer):
+    """A minimal optimizer on the generic base: no option of the whole optimizer, Newton-Schulz's neither."""
+
+    def __init__(self, params, lr: float = 0.1):
+        super().__init__(params, dict(lr=lr))
+
+    def _check_group(self, group):
+        pass
+
+    def _matrix_step(self, params, group):
+        torch._foreach_add_(params, [param.grad for param in params], alpha=-group["lr"])
+
+    _adamw_step = _matrix_step
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_subclass_of_the_generic_base_without_newton_schulz_options_copies_or_pickles_and_steps(how):
+    params = [torch.nn.Parameter(torch.ones(3, 2)), torch.nn.Parameter(torch.ones(2))]
+    optimizer = PlainSGD(params)
+    copy_of = copy.deepcopy if how == "deepcopy" else lambda obj: pickle.loads(pickle.dumps(obj))
+    copied_params, copied = copy_of((params, optimizer))
+    for each_params, each in ((params, optimizer), (copied_params, copied)):
+        for param in each_params:
+            param.grad = torch.full_like(param, 2.0)
+        each.step()
+    for param, copied_param in zip(params, copied_params):
+        assert torch.equal(param.detach(), torch.full_like(param, 0.8))
+        assert torch.equal(copied_param.detach(), param.detach())
