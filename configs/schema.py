@@ -78,6 +78,9 @@ class OptimizerConfig:
     decay_embeddings: bool = True
     # Peak learning rates of other parts beside ``lr``, each scheduled as lr is, down to train.min_lr (not fields).
     part_lrs: ClassVar[tuple[str, ...]] = ()
+    # Learning rates of other parts that the schedule keeps in proportion to lr (MARS's lr_1d, as the authors'
+    # lr_1d_factor): each is its configured value times the scheduled lr / optimizer.lr (not fields).
+    proportional_lrs: ClassVar[tuple[str, ...]] = ()
 
 
 @dataclass
@@ -92,6 +95,7 @@ class MarsConfig(OptimizerConfig):
     """MARS with the authors' defaults (AGI-Arena/MARS); see mars.MARS for the meaning of each field."""
 
     name: str = "mars"
+    proportional_lrs: ClassVar[tuple[str, ...]] = ("lr_1d",)
     mars_type: str = "mars-adamw"  # mars-adamw, mars-lion or mars-shampoo (checked by mars.MARS)
     betas: tuple[float, float] = (0.95, 0.99)
     eps: float = 1e-8

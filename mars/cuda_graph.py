@@ -6,6 +6,7 @@ compute floor (results/bench_newton_schulz_cuda.md; ``scripts/bench_newton_schul
 the GPU is busy); replayed as one graph, they are one launch.
 """
 from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -87,20 +88,25 @@ class CapturedLists:
 
 
 class CudaGraphedNewtonSchulz:
-    """The optimizers' option ``ns_cuda_graph``: one :class:`CapturedLists` per param group for Newton-Schulz.
+    """The option ``ns_cuda_graph`` of the optimizers that run Newton-Schulz, mixed into a
+    :class:`mars.optimizer.DispatchingOptimizer`: one :class:`CapturedLists` per param group for Newton-Schulz.
 
     The graphs are never saved, copied or pickled (``torch.optim.Optimizer.__getstate__`` leaves them out).
     """
 
-    def _check_ns_cuda_graph_devices(self) -> None:
-        """With ``ns_cuda_graph``, raise a ValueError unless each group's parameters are on one CUDA device."""
-        if self.ns_cuda_graph:
+    def __init__(self, params, defaults: dict[str, Any], *, ns_cuda_graph: bool, **options: Any):
+        if not isinstance(ns_cuda_graph, bool):
+            raise ValueError(f"ns_cuda_graph must be True or False, got {ns_cuda_graph!r}")
+        super().__init__(params, defaults, ns_cuda_graph=ns_cuda_graph, **options)
+        if ns_cuda_graph:
             for group in self.param_groups:
                 CapturedLists.check_devices(group["params"])
 
-    def _newton_schulz_graph(self, group_index: int) -> CapturedLists | None:
-        """The captured Newton-Schulz of the group at ``group_index``, or None without ``ns_cuda_graph``."""
+    def _newton_schulz_graph(self, group: dict[str, Any]) -> CapturedLists | None:
+        """The captured Newton-Schulz of ``group`` (by its place in ``param_groups``), or None without
+        ``ns_cuda_graph``."""
         if not self.ns_cuda_graph:
             return None
+        group_index = next(index for index, each in enumerate(self.param_groups) if each is group)
         graphs = self.__dict__.setdefault("_newton_schulz_graphs", {})
         return graphs.setdefault(group_index, CapturedLists())

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from mars import mars_m_foreach, reference
-from mars.cuda_graph import CapturedLists
+from mars.cuda_graph import CudaGraphedNewtonSchulz
 from mars.newton_schulz import check_ns_form, orthogonalise
 from mars.optimizer import (
     advance_steps,
@@ -54,7 +54,7 @@ PER_TENSOR = SimpleNamespace(
 )
 
 
-class _ShapeScaledOrthogonal(DispatchingOptimizer):
+class _ShapeScaledOrthogonal(CudaGraphedNewtonSchulz, DispatchingOptimizer):
     """What MarsM, MarsMEfficient and Moonlight share: every 2-D tensor of a group with ``matrix_rule`` steps by
     its orthogonalised direction (the subclass's :meth:`_directions`), scaled by 0.2 sqrt(max(A, B))
     (:func:`mars.reference.apply_shape_scaled_update`); every other tensor takes the authors' AdamW
@@ -62,11 +62,19 @@ class _ShapeScaledOrthogonal(DispatchingOptimizer):
 
     OPTIMIZER_OPTIONS = ("process_group", "foreach", "ns_cuda_graph")
 
+    def _base_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """A subclass constructor's arguments (its ``locals()``) as :class:`DispatchingOptimizer` takes them: the
+        options of the whole optimizer (``OPTIMIZER_OPTIONS``) by name, the others as the param groups'
+        ``defaults``."""
+        defaults = {key: value for key, value in arguments.items() if key not in ("self", "params", "__class__")}
+        return {key: defaults.pop(key) for key in self.OPTIMIZER_OPTIONS} | {"defaults": defaults}
+
     def _check_group(self, group: dict[str, Any]) -> None:
-        check_non_negative(lr=group["lr"], weight_decay=group["weight_decay"], adamw_eps=group["adamw_eps"])
+        # gamma, clip_c and nesterov: the options of some of the rules, checked where the group has them.
+        check_non_negative(**{key: group[key] for key in ("weight_decay", "adamw_eps", "gamma") if key in group})
         check_newton_schulz_group(group)
         check_ns_form(group["ns_form"], norm_in_dtype=True)  # the authors normalise in ns_dtype
-        check_flags(matrix_rule=group["matrix_rule"])
+        check_flags(**{key: group[key] for key in ("matrix_rule", "clip_c", "nesterov") if key in group})
 
     def _rule(self, param: Tensor, group: dict[str, Any]) -> str:
         return "matrices" if group["matrix_rule"] and param.dim() == 2 else "others"
@@ -81,7 +89,7 @@ class _ShapeScaledOrthogonal(DispatchingOptimizer):
         """The matrices whose orthogonalisations are ``params``' updates, by ``rules``; advances their ``states``."""
         raise NotImplementedError
 
-    def _matrix_step(self, params: list[Tensor], group: dict[str, Any], graph: CapturedLists | None) -> None:
+    def _matrix_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
         """Orthogonalise the directions of a group's matrices and apply them."""
         rules = self._rules()
         directions = self._directions(params, self._states(params), group, rules)
@@ -92,7 +100,7 @@ class _ShapeScaledOrthogonal(DispatchingOptimizer):
         # float64 ones reach float64 parameters unrounded.
         updates = orthogonalise(directions, group["ns_steps"], ns_dtype, self.process_group,
                                 eps=reference.MARS_M_NEWTON_SCHULZ_EPS, norm_in_dtype=True, out_dtype=ns_dtype,
-                                form=group["ns_form"], graph=graph)
+                                form=group["ns_form"], graph=self._newton_schulz_graph(group))
         rules.apply_shape_scaled_updates(params, updates, lr=as_float(group["lr"]),
                                          weight_decay=group["weight_decay"])
 
@@ -181,35 +189,12 @@ class MarsM(LookaheadGradient, _ShapeScaledOrthogonal):
     OPTIMIZER_OPTIONS = (*_ShapeScaledOrthogonal.OPTIMIZER_OPTIONS, "is_approx")
     CORRECTED_RULES = ("matrices",)
 
-    def __init__(
-        self,
-        params,
-        lr: float = 1e-3,
-        momentum: float = 0.95,
-        weight_decay: float = 0.1,
-        gamma: float = 0.025,
-        clip_c: bool = True,
-        is_approx: bool = True,
-        ns_steps: int = 5,
-        adamw_betas: tuple[float, float] = (0.9, 0.95),
-        adamw_eps: float = 1e-8,
-        matrix_rule: bool = True,
-        ns_dtype: torch.dtype = torch.bfloat16,
-        process_group: dist.ProcessGroup | None = None,
-        foreach: bool | None = None,
-        ns_form: str = "gram",
-        ns_cuda_graph: bool = False,
-    ):
-        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, gamma=gamma, clip_c=clip_c,
-                        ns_steps=ns_steps, adamw_betas=adamw_betas, adamw_eps=adamw_eps, matrix_rule=matrix_rule,
-                        ns_dtype=ns_dtype, ns_form=ns_form)
-        super().__init__(params, defaults, is_approx=is_approx, process_group=process_group, foreach=foreach,
-                         ns_cuda_graph=ns_cuda_graph)
-
-    def _check_group(self, group: dict[str, Any]) -> None:
-        super()._check_group(group)
-        check_non_negative(gamma=group["gamma"])
-        check_flags(clip_c=group["clip_c"])
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.95, weight_decay: float = 0.1,
+                 gamma: float = 0.025, clip_c: bool = True, is_approx: bool = True, ns_steps: int = 5,
+                 adamw_betas: tuple[float, float] = (0.9, 0.95), adamw_eps: float = 1e-8, matrix_rule: bool = True,
+                 ns_dtype: torch.dtype = torch.bfloat16, process_group: dist.ProcessGroup | None = None,
+                 foreach: bool | None = None, ns_form: str = "gram", ns_cuda_graph: bool = False):
+        super().__init__(params, **self._base_arguments(locals()))
 
     def _directions(self, params, states, group, rules) -> list[Tensor]:
         return rules.mars_m_momenta([param.grad for param in params], state_buffers(params, states, "last_grad"),
@@ -230,34 +215,18 @@ class MarsMEfficient(_ShapeScaledOrthogonal):
     the AdamW part as :class:`MarsM`'s; ``momentum`` must be > 0.
     """
 
-    def __init__(
-        self,
-        params,
-        lr: float = 1e-3,
-        momentum: float = 0.95,
-        weight_decay: float = 0.1,
-        gamma: float = 0.025,
-        ns_steps: int = 5,
-        adamw_betas: tuple[float, float] = (0.9, 0.95),
-        adamw_eps: float = 1e-8,
-        matrix_rule: bool = True,
-        ns_dtype: torch.dtype = torch.bfloat16,
-        process_group: dist.ProcessGroup | None = None,
-        foreach: bool | None = None,
-        ns_form: str = "gram",
-        ns_cuda_graph: bool = False,
-    ):
-        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, gamma=gamma, ns_steps=ns_steps,
-                        adamw_betas=adamw_betas, adamw_eps=adamw_eps, matrix_rule=matrix_rule, ns_dtype=ns_dtype,
-                        ns_form=ns_form)
-        super().__init__(params, defaults, process_group=process_group, foreach=foreach, ns_cuda_graph=ns_cuda_graph)
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.95, weight_decay: float = 0.1,
+                 gamma: float = 0.025, ns_steps: int = 5, adamw_betas: tuple[float, float] = (0.9, 0.95),
+                 adamw_eps: float = 1e-8, matrix_rule: bool = True, ns_dtype: torch.dtype = torch.bfloat16,
+                 process_group: dist.ProcessGroup | None = None, foreach: bool | None = None, ns_form: str = "gram",
+                 ns_cuda_graph: bool = False):
+        super().__init__(params, **self._base_arguments(locals()))
 
     def _check_group(self, group: dict[str, Any]) -> None:
         super()._check_group(group)
         if group["momentum"] == 0.0:
             raise ValueError("momentum must be in (0, 1) for MarsMEfficient, whose buffer is scaled by 1 / momentum; "
                              "got 0.0")
-        check_non_negative(gamma=group["gamma"])
 
     def _directions(self, params, states, group, rules) -> list[Tensor]:
         return rules.mars_m_efficient_directions([param.grad for param in params],
@@ -278,31 +247,12 @@ class Moonlight(_ShapeScaledOrthogonal):
     ``momentum_buffer`` per matrix; ``step``, ``exp_avg``, ``exp_avg_sq`` per AdamW tensor.
     """
 
-    def __init__(
-        self,
-        params,
-        lr: float = 1e-3,
-        momentum: float = 0.95,
-        weight_decay: float = 0.1,
-        nesterov: bool = True,
-        ns_steps: int = 5,
-        adamw_betas: tuple[float, float] = (0.9, 0.95),
-        adamw_eps: float = 1e-8,
-        matrix_rule: bool = True,
-        ns_dtype: torch.dtype = torch.bfloat16,
-        process_group: dist.ProcessGroup | None = None,
-        foreach: bool | None = None,
-        ns_form: str = "gram",
-        ns_cuda_graph: bool = False,
-    ):
-        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, ns_steps=ns_steps,
-                        adamw_betas=adamw_betas, adamw_eps=adamw_eps, matrix_rule=matrix_rule, ns_dtype=ns_dtype,
-                        ns_form=ns_form)
-        super().__init__(params, defaults, process_group=process_group, foreach=foreach, ns_cuda_graph=ns_cuda_graph)
-
-    def _check_group(self, group: dict[str, Any]) -> None:
-        super()._check_group(group)
-        check_flags(nesterov=group["nesterov"])
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.95, weight_decay: float = 0.1,
+                 nesterov: bool = True, ns_steps: int = 5, adamw_betas: tuple[float, float] = (0.9, 0.95),
+                 adamw_eps: float = 1e-8, matrix_rule: bool = True, ns_dtype: torch.dtype = torch.bfloat16,
+                 process_group: dist.ProcessGroup | None = None, foreach: bool | None = None, ns_form: str = "gram",
+                 ns_cuda_graph: bool = False):
+        super().__init__(params, **self._base_arguments(locals()))
 
     def _directions(self, params, states, group, rules) -> list[Tensor]:
         return rules.moonlight_directions([param.grad for param in params],

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from mars import muon_foreach, reference
-from mars.cuda_graph import CapturedLists
+from mars.cuda_graph import CudaGraphedNewtonSchulz
 from mars.newton_schulz import check_ns_form, orthogonalise
 from mars.optimizer import (
     advance_steps,
@@ -24,7 +24,7 @@ ADAMW_VARIANTS = ("authors", "torch")
 UPDATE_DTYPES = (torch.bfloat16, torch.float32)
 
 
-class Muon(DispatchingOptimizer):
+class Muon(CudaGraphedNewtonSchulz, DispatchingOptimizer):
     r"""MomentUm Orthogonalized by Newton-Schulz (Jordan et al., 2024), the Muon baseline of arXiv 2411.10438.
 
     For a 2-D tensor with gradient :math:`g_t` (rows x cols):
@@ -38,16 +38,16 @@ class Muon(DispatchingOptimizer):
     where :math:`\mathrm{NS}_k` is :func:`mars.reference.newton_schulz5` with ``ns_steps`` iterations in
     ``ns_dtype`` (the authors' bfloat16 by default; float32 is ~10x faster on CPUs without bfloat16 units) and
     round is to ``update_dtype``. Other tensors take AdamW with ``adamw_betas``, ``adamw_eps``,
-    ``adamw_weight_decay`` and learning rate :math:`\eta_t \cdot` ``adamw_lr / lr``, so one schedule on
-    ``group['lr']`` drives both (the trainer instead updates ``adamw_lr_ratio`` every step so that both parts decay
-    to the same min_lr, as the authors' trainer does: ``training.schedule.apply_schedule``). State is float32 for
+    ``adamw_weight_decay`` and learning rate ``adamw_lr``, which a schedule sets beside ``lr`` (the trainer
+    schedules each part from its own peak to the same min_lr, as the authors' trainer does:
+    ``training.schedule.apply_schedule``). State is float32 for
     bfloat16/float16/float32 parameters, float64 for float64 ones (whose updates are computed in float64; the
     orthogonalised update is still rounded to ``update_dtype``).
 
-    A param group may set any hyperparameter of its own, ``adamw_lr`` too (kept as the group's ``adamw_lr / lr``;
-    a group that sets ``lr`` without ``adamw_lr`` scales its AdamW lr alike); ``process_group``, ``ns_cuda_graph``
-    and ``foreach`` hold for the whole optimizer and are refused in a group. ``lr`` may be a 0-dim tensor, read as
-    a float once per step.
+    A param group may set any hyperparameter of its own, and takes the constructor's for the others (a group that
+    sets ``lr`` keeps the constructor's ``adamw_lr``); ``process_group``, ``ns_cuda_graph`` and ``foreach`` hold for
+    the whole optimizer and are refused in a group. ``lr`` and ``adamw_lr`` may be 1-element tensors, read as
+    floats once per step.
 
     Two options default to the authors' (``MARS/train_muon.py:209-217`` combines their ``optimizers/adamw.py``
     and ``optimizers/muon.py``); ``adamw_variant="torch"`` and ``update_dtype=torch.float32`` give torch's AdamW
@@ -78,7 +78,8 @@ class Muon(DispatchingOptimizer):
     """
 
     OPTIMIZER_OPTIONS = ("process_group", "ns_cuda_graph", "foreach")
-    SECOND_LR = ("adamw_lr", "adamw_lr_ratio")
+    LEARNING_RATES = ("lr", "adamw_lr")
+    SAVED_AS_RATIO = {"adamw_lr": "adamw_lr_ratio"}
 
     def __init__(
         self,
@@ -100,12 +101,9 @@ class Muon(DispatchingOptimizer):
         ns_cuda_graph: bool = False,
         foreach: bool | None = None,
     ):
-        if not lr > 0.0:
-            raise ValueError(f"lr must be > 0 (adamw_lr is applied as the ratio adamw_lr / lr), got {lr!r}")
-        check_non_negative(adamw_lr=adamw_lr)
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, weight_decay=weight_decay,
-            adamw_lr_ratio=adamw_lr / as_float(lr), adamw_betas=adamw_betas, adamw_eps=adamw_eps,
+            adamw_lr=adamw_lr, adamw_betas=adamw_betas, adamw_eps=adamw_eps,
             adamw_weight_decay=adamw_weight_decay, ns_dtype=ns_dtype, adamw_variant=adamw_variant,
             update_dtype=update_dtype, ns_form=ns_form,
         )
@@ -113,7 +111,7 @@ class Muon(DispatchingOptimizer):
 
     def _check_group(self, group: dict[str, Any]) -> None:
         check_non_negative(
-            lr=group["lr"], weight_decay=group["weight_decay"], adamw_eps=group["adamw_eps"],
+            weight_decay=group["weight_decay"], adamw_eps=group["adamw_eps"],
             adamw_weight_decay=group["adamw_weight_decay"],
         )
         check_newton_schulz_group(group)
@@ -129,7 +127,7 @@ class Muon(DispatchingOptimizer):
         """The list functions that step the tensors: foreach ops unless ``foreach=False``."""
         return muon_foreach if self.foreach is not False else PER_TENSOR
 
-    def _matrix_step(self, params: list[Tensor], group: dict[str, Any], graph: CapturedLists | None) -> None:
+    def _matrix_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
         """Orthogonalised (Nesterov) momentum step of a group's 2-D tensors."""
         rules = self._rules()
         states = self._states(params)
@@ -139,7 +137,7 @@ class Muon(DispatchingOptimizer):
         update_dtype = group["update_dtype"]
         orthogonalised = orthogonalise(directions, group["ns_steps"], group["ns_dtype"], self.process_group,
                                        norm_in_dtype=update_dtype == torch.bfloat16, out_dtype=update_dtype,
-                                       form=group["ns_form"], graph=graph)
+                                       form=group["ns_form"], graph=self._newton_schulz_graph(group))
         rules.apply_muon_updates(params, orthogonalised, lr=as_float(group["lr"]), weight_decay=group["weight_decay"])
 
     def _adamw_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
@@ -147,7 +145,7 @@ class Muon(DispatchingOptimizer):
         states = self._states(params)
         exp_avgs, exp_avg_sqs = state_buffers(params, states, "exp_avg"), state_buffers(params, states, "exp_avg_sq")
         beta1, beta2 = group["adamw_betas"]
-        hyper = dict(steps=advance_steps(states), lr=as_float(group["lr"]) * group["adamw_lr_ratio"], beta1=beta1,
+        hyper = dict(steps=advance_steps(states), lr=as_float(group["adamw_lr"]), beta1=beta1,
                      beta2=beta2, eps=group["adamw_eps"], weight_decay=group["adamw_weight_decay"])
         grads = [param.grad for param in params]
         if group["adamw_variant"] == "authors":

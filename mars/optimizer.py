@@ -122,24 +122,28 @@ def refuse_optimizer_options(param_group: dict[str, Any], optimizer: torch.optim
                              "optimizer per value")
 
 
-def take_group_lr_ratio(param_group: dict[str, Any], lr_key: str, ratio_key: str) -> float | None:
-    """Remove ``lr_key`` (MARS's ``lr_1d``, Muon's ``adamw_lr``) from a param group, returning it, before torch
-    stores the group; the group keeps it as ``ratio_key`` = ``lr_key`` / lr (:func:`set_group_lr_ratio`)."""
-    if lr_key in param_group and ratio_key in param_group:
-        raise ValueError(f"a param group gives both {lr_key} and {ratio_key} (= {lr_key} / lr): give one of them")
-    return param_group.pop(lr_key, None)
+def check_learning_rates(group: dict[str, Any], names: tuple[str, ...]) -> None:
+    """Raise a ValueError naming the first learning rate of ``group`` among ``names`` that is a tensor of more than
+    one element (as torch.optim: a float or a 1-element tensor) or negative."""
+    for name in names:
+        value = group[name]
+        if torch.is_tensor(value) and value.numel() != 1:
+            raise ValueError(f"Tensor {name} must be 1-element (a float or a 0-dim tensor), got shape "
+                             f"{tuple(value.shape)}")
+        check_non_negative(**{name: value})
 
 
-def set_group_lr_ratio(group: dict[str, Any], lr_key: str, ratio_key: str, value: float | None) -> None:
-    """Store a group's own ``lr_key`` as the ratio to its lr, as the constructor stores its own."""
-    if value is None:
-        return
-    check_non_negative(**{lr_key: value})
-    lr = as_float(group["lr"])
-    if not lr > 0.0:
-        raise ValueError(f"a param group with its own {lr_key} needs lr > 0 ({lr_key} is kept as the ratio "
-                         f"{lr_key} / lr), got lr={lr!r}")
-    group[ratio_key] = value / lr
+def learning_rates_from_saved_ratios(state_dict: dict[str, Any], ratios: dict[str, str]) -> dict[str, Any]:
+    """``state_dict`` with each saved group's ratio (``ratios``: a learning rate's name -> the ratio to lr that
+    versions before it saved instead, MARS's ``lr_1d_ratio``) turned into the learning rate it stepped with."""
+    def upgraded(group: dict[str, Any]) -> dict[str, Any]:
+        group = dict(group)
+        for name, ratio in ratios.items():
+            if ratio in group and name not in group:
+                group[name] = as_float(group["lr"]) * group.pop(ratio)
+        return group
+
+    return {**state_dict, "param_groups": [upgraded(group) for group in state_dict["param_groups"]]}
 
 
 def restore_state_dtype(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
@@ -211,19 +215,22 @@ def refuse_missing_options(optimizer: torch.optim.Optimizer, state_dict: dict[st
                 )
 
 
-class DispatchingOptimizer(CudaGraphedNewtonSchulz, torch.optim.Optimizer):
+class DispatchingOptimizer(torch.optim.Optimizer):
     """The skeleton of this package's optimizers: ``step()`` sorts each group's tensors that have a gradient by the
     update rule each takes (:meth:`_rule`, one of ``RULES``) and hands the group's lists, by rule, to
     :meth:`_step_group`; a group is checked by :meth:`_check_group` when it is added. By default the 2-D tensors
     take the optimizer's matrix rule (:meth:`_matrix_step`) and the others its AdamW (:meth:`_adamw_step`), as in
     Muon, MARS-M and Moonlight; MARS sorts its own way.
 
-    A group may set a second learning rate of its own (``SECOND_LR``: MARS's ``lr_1d``, Muon's ``adamw_lr``), kept
-    as its ratio to the group's lr so that one schedule on ``lr`` drives both.
+    Every learning rate (``LEARNING_RATES``: ``lr``, and MARS's ``lr_1d``, Muon's ``adamw_lr``) may be a float or a
+    1-element tensor, read as a float once per step. A group falls back to the constructor's value of each one it
+    does not set, as in torch.optim: a group's own ``lr`` leaves its ``lr_1d`` alone.
 
     The options of the whole optimizer (``OPTIMIZER_OPTIONS``, passed to ``__init__`` by name) are attributes, kept
     out of the param groups that ``state_dict()`` saves, refused in a group, and kept through a copy or pickle, but
-    the process group: torch.distributed owns it, and an unpickled optimizer steps alone.
+    the process group: torch.distributed owns it, and an unpickled optimizer steps alone. The optimizers that run
+    Newton-Schulz add their own option (``ns_cuda_graph``, :class:`mars.cuda_graph.CudaGraphedNewtonSchulz`); this
+    class knows nothing of Newton-Schulz.
 
     State is float32 for bfloat16/float16/float32 parameters and float64 for float64 ones
     (:func:`state_zeros_like`), through ``load_state_dict`` and pickling too. A state dict whose param groups lack
@@ -231,38 +238,38 @@ class DispatchingOptimizer(CudaGraphedNewtonSchulz, torch.optim.Optimizer):
     """
 
     process_group = WeakProcessGroup()
-    OPTIMIZER_OPTIONS: tuple[str, ...] = ("process_group", "ns_cuda_graph")
+    OPTIMIZER_OPTIONS: tuple[str, ...] = ()
     RULES: tuple[str, ...] = ("matrices", "others")
-    SECOND_LR: tuple[str, str] | None = None  # (a group's key, the ratio's key it is kept as)
+    LEARNING_RATES: tuple[str, ...] = ("lr",)
+    # A learning rate that versions before this one kept as a ratio to lr, by the name of the ratio they saved.
+    SAVED_AS_RATIO: dict[str, str] = {}
 
     def __init__(self, params, defaults: dict[str, Any], **options: Any):
-        check_flags(ns_cuda_graph=options["ns_cuda_graph"])
         if options.get("foreach") is not None:
             check_flags(foreach=options["foreach"])
         # Set first: add_param_group compares a group's options with them.
         for key, value in options.items():
             setattr(self, key, value)
         super().__init__(params, defaults)
-        self._check_ns_cuda_graph_devices()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group after checking its hyperparameters (defaults filled in) and its parameters."""
-        second_lr = take_group_lr_ratio(param_group, *self.SECOND_LR) if self.SECOND_LR else None
         refuse_optimizer_options(param_group, self)
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        if second_lr is not None:
-            set_group_lr_ratio(group, *self.SECOND_LR, second_lr)
         check_real_params(group["params"], type(self).__name__)
+        check_learning_rates(group, self.LEARNING_RATES)
         self._check_group(group)
 
     def _check_group(self, group: dict[str, Any]) -> None:
-        """Raise a ValueError naming the first hyperparameter of ``group`` that is out of range."""
+        """Raise a ValueError naming the first hyperparameter of ``group`` but its learning rates that is out of
+        range."""
         raise NotImplementedError
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load as ``torch.optim.Optimizer`` does, keeping float32 state for low-precision parameters; refuse a
         state dict whose groups lack a hyperparameter."""
+        state_dict = learning_rates_from_saved_ratios(state_dict, self.SAVED_AS_RATIO)
         refuse_missing_options(self, state_dict)
         super().load_state_dict(state_dict)
         restore_state_dtype(self, state_dict)
@@ -288,8 +295,8 @@ class DispatchingOptimizer(CudaGraphedNewtonSchulz, torch.optim.Optimizer):
         # Every group is sorted before any update, so that an error (a sparse gradient) leaves every parameter and
         # its state untouched.
         sorted_groups = [self._sort_by_rule(group) for group in self.param_groups]
-        for group_index, (group, by_rule) in enumerate(zip(self.param_groups, sorted_groups)):
-            self._step_group(group, self._newton_schulz_graph(group_index), **by_rule)
+        for group, by_rule in zip(self.param_groups, sorted_groups):
+            self._step_group(group, **by_rule)
         return loss
 
     def _sort_by_rule(self, group: dict[str, Any]) -> dict[str, list[Tensor]]:
@@ -308,15 +315,14 @@ class DispatchingOptimizer(CudaGraphedNewtonSchulz, torch.optim.Optimizer):
         """The rule of ``RULES`` that steps ``param`` in ``group``."""
         return "matrices" if param.dim() == 2 else "others"
 
-    def _step_group(self, group: dict[str, Any], graph: CapturedLists | None, *, matrices: list[Tensor],
-                    others: list[Tensor]) -> None:
-        """Step a group's tensors, listed by rule; ``graph`` is its captured Newton-Schulz (``ns_cuda_graph``)."""
+    def _step_group(self, group: dict[str, Any], *, matrices: list[Tensor], others: list[Tensor]) -> None:
+        """Step a group's tensors, listed by rule."""
         if others:
             self._adamw_step(others, group)
         if matrices:
-            self._matrix_step(matrices, group, graph)
+            self._matrix_step(matrices, group)
 
-    def _matrix_step(self, params: list[Tensor], group: dict[str, Any], graph: CapturedLists | None) -> None:
+    def _matrix_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
         """Step a group's 2-D tensors."""
         raise NotImplementedError
 
@@ -442,7 +448,7 @@ REFERENCE_BACKEND = SimpleNamespace(
 )
 
 
-class MARS(LookaheadGradient, DispatchingOptimizer):
+class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
     r"""MARS: variance-reduced preconditioned optimization (Yuan et al., 2024, arXiv 2411.10438).
 
     For a tensor taking the MARS rule (2-D tensors, or all with ``optimize_1d``), with gradient
@@ -460,8 +466,9 @@ class MARS(LookaheadGradient, DispatchingOptimizer):
         x_{t+1} &= x_t - \eta_t (u_t + \lambda x_t)
 
     Other tensors (biases, norms) take AdamW on :math:`g_t` with ``betas_1d``, weight decay
-    ``weight_decay_1d`` (the group's ``weight_decay`` does not apply to them) and learning rate
-    :math:`\eta_t \cdot` ``lr_1d / lr``, so one schedule on ``group['lr']`` drives both.
+    ``weight_decay_1d`` (the group's ``weight_decay`` does not apply to them) and learning rate ``lr_1d``, which
+    a schedule sets beside ``lr`` (the trainer keeps it at ``lr_1d / lr`` of the scheduled lr, as the authors':
+    ``training.schedule.apply_schedule``).
 
     The remembered gradient :math:`\tilde g_{t-1}` depends on the scheme:
 
@@ -486,15 +493,14 @@ class MARS(LookaheadGradient, DispatchingOptimizer):
     in float64): ``step`` (int, per tensor), ``exp_avg``, ``exp_avg_sq`` (when the rule needs it),
     ``max_exp_avg_sq`` (amsgrad), ``last_grad`` and, in the exact scheme, ``previous_grad`` (the stash).
 
-    A param group may set any hyperparameter of its own, ``lr_1d`` too (kept as the group's
-    ``lr_1d / lr``; a group that sets ``lr`` without ``lr_1d`` scales its 1-D lr alike). ``is_approx``,
-    ``backend``, ``process_group`` and ``ns_cuda_graph`` hold for the whole optimizer: a group that sets one is
-    refused with a ValueError. ``lr`` may be a 0-dim tensor, read as a float once per step.
+    A param group may set any hyperparameter of its own, and takes the constructor's for the others (a group that
+    sets ``lr`` keeps the constructor's ``lr_1d``). ``is_approx``, ``backend``, ``process_group`` and
+    ``ns_cuda_graph`` hold for the whole optimizer: a group that sets one is refused with a ValueError. ``lr`` and
+    ``lr_1d`` may be 1-element tensors, read as floats once per step.
 
     Args:
         params: parameters or parameter groups.
-        lr: learning rate of the MARS rule (a float or a 0-dim tensor); must be > 0 because ``lr_1d`` is applied as
-            the ratio ``lr_1d / lr``.
+        lr: learning rate of the MARS rule (a float or a 1-element tensor).
         betas: (beta1, beta2) of the MARS rule.
         eps: added to the Adam denominator (and the Newton-Schulz normalisation guard for mars-shampoo).
         weight_decay: decoupled weight decay of the MARS rule.
@@ -503,8 +509,7 @@ class MARS(LookaheadGradient, DispatchingOptimizer):
         is_approx: approximate scheme (True) or exact scheme (False), see above.
         mars_type: ``"mars-adamw"``, ``"mars-lion"`` or ``"mars-shampoo"``.
         optimize_1d: also apply the MARS rule to tensors that are not 2-D.
-        lr_1d, betas_1d, weight_decay_1d: AdamW settings of tensors that are not 2-D; ``lr_1d`` is kept as
-            ``group['lr_1d_ratio'] = lr_1d / lr`` so that it follows the group's scheduled lr.
+        lr_1d, betas_1d, weight_decay_1d: AdamW settings of tensors that are not 2-D.
         backend: ``"reference"`` (per-tensor loop of :mod:`mars.reference`), ``"torch"`` (foreach ops),
             ``"triton"`` (fused kernels; CUDA, or CPU under ``TRITON_INTERPRET=1``) or ``"auto"``
             (triton for CUDA tensors when it is installed, torch otherwise); float64 parameters, which the Triton
@@ -527,7 +532,8 @@ class MARS(LookaheadGradient, DispatchingOptimizer):
     # The backends' MARS rule, mars-shampoo's rule of 2-D tensors (Newton-Schulz), AdamW.
     RULES = ("backend_mars", "shampoo_2d", "adamw")
     CORRECTED_RULES = ("backend_mars", "shampoo_2d")
-    SECOND_LR = ("lr_1d", "lr_1d_ratio")
+    LEARNING_RATES = ("lr", "lr_1d")
+    SAVED_AS_RATIO = {"lr_1d": "lr_1d_ratio"}
 
     def __init__(
         self,
@@ -550,19 +556,16 @@ class MARS(LookaheadGradient, DispatchingOptimizer):
         ns_form: str = "products",
         ns_cuda_graph: bool = False,
     ):
-        if not lr > 0.0:
-            raise ValueError(f"lr must be > 0 (lr_1d is applied as the ratio lr_1d / lr), got {lr!r}")
         if ns_cuda_graph is True and backend == "reference":  # another value than a bool: refused by the base
             raise ValueError("ns_cuda_graph=True captures the fast backends' Newton-Schulz; backend='reference' runs "
                              "the reference tensor by tensor: take backend='torch' or 'auto', or ns_cuda_graph=False")
-        check_non_negative(lr_1d=lr_1d)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if backend == "triton" and not triton_is_installed():
             raise ValueError("backend='triton' needs the triton package; install it or use backend='torch'")
         defaults = dict(
             lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, gamma=gamma,
-            mars_type=mars_type, optimize_1d=optimize_1d, lr_1d_ratio=lr_1d / as_float(lr), betas_1d=betas_1d,
+            mars_type=mars_type, optimize_1d=optimize_1d, lr_1d=lr_1d, betas_1d=betas_1d,
             weight_decay_1d=weight_decay_1d, ns_dtype=ns_dtype, ns_form=ns_form,
         )
         super().__init__(params, defaults, is_approx=is_approx, backend=backend, process_group=process_group,
@@ -570,7 +573,7 @@ class MARS(LookaheadGradient, DispatchingOptimizer):
 
     def _check_group(self, group: dict[str, Any]) -> None:
         check_non_negative(
-            lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"], gamma=group["gamma"],
+            eps=group["eps"], weight_decay=group["weight_decay"], gamma=group["gamma"],
             weight_decay_1d=group["weight_decay_1d"],
         )
         check_betas("betas", group["betas"])
@@ -587,8 +590,8 @@ class MARS(LookaheadGradient, DispatchingOptimizer):
             return "shampoo_2d"
         return "backend_mars"
 
-    def _step_group(self, group: dict[str, Any], graph: CapturedLists | None, *, backend_mars: list[Tensor],
-                    shampoo_2d: list[Tensor], adamw: list[Tensor]) -> None:
+    def _step_group(self, group: dict[str, Any], *, backend_mars: list[Tensor], shampoo_2d: list[Tensor],
+                    adamw: list[Tensor]) -> None:
         """Run the group's tensors through their backends by device."""
         mars_type, amsgrad = group["mars_type"], group["amsgrad"]
         # mars-shampoo's tensors that are not 2-D take the AdamW-style MARS rule, as in the official code.
@@ -605,7 +608,8 @@ class MARS(LookaheadGradient, DispatchingOptimizer):
         if shampoo_2d and self.backend == "reference" and self.process_group is None:
             self._run_mars(REFERENCE_BACKEND, shampoo_2d, mars_type="mars-shampoo", ns_dtype=ns_dtype, **mars_hyper)
         elif shampoo_2d:
-            self._run_shampoo_2d(shampoo_2d, ns_dtype=ns_dtype, ns_form=ns_form, graph=graph, **mars_hyper)
+            self._run_shampoo_2d(shampoo_2d, ns_dtype=ns_dtype, ns_form=ns_form,
+                                 graph=self._newton_schulz_graph(group), **mars_hyper)
 
         beta1_1d, beta2_1d = group["betas_1d"]
         for backend, params in self._by_backend(adamw):
@@ -614,7 +618,7 @@ class MARS(LookaheadGradient, DispatchingOptimizer):
                 params, [p.grad for p in params],
                 state_buffers(params, states, "exp_avg"), state_buffers(params, states, "exp_avg_sq"),
                 state_buffers(params, states, "max_exp_avg_sq", needed=amsgrad),
-                steps=advance_steps(states), lr=lr * group["lr_1d_ratio"], beta1=beta1_1d,
+                steps=advance_steps(states), lr=as_float(group["lr_1d"]), beta1=beta1_1d,
                 beta2=beta2_1d, eps=group["eps"], weight_decay=group["weight_decay_1d"], amsgrad=amsgrad,
             )
 

@@ -24,7 +24,7 @@ For a tensor with gradient g_t and remembered gradient g_prev (zeros before the 
     p <- p - lr * (update + weight_decay * p)
 
 Tensors that are not 2-D take a plain AdamW step on g_t instead (unless ``optimize_1d``), with
-``betas_1d``, learning rate ``lr * lr_1d / lr_at_construction`` and weight decay ``weight_decay_1d``.
+``betas_1d``, learning rate ``lr_1d`` and weight decay ``weight_decay_1d``.
 """
 import math
 
@@ -114,25 +114,10 @@ def apply_update(param: Tensor, update: Tensor, lr: float, weight_decay: float, 
 
 
 @torch.no_grad()
-def mars_step(
-    param: Tensor,
-    grad: Tensor,
-    last_grad: Tensor,
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor | None,
-    max_exp_avg_sq: Tensor | None,
-    *,
-    step: int,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    gamma: float,
-    mars_type: str,
-    amsgrad: bool,
-    ns_dtype: torch.dtype = torch.bfloat16,
-) -> None:
+def mars_step(param: Tensor, grad: Tensor, last_grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor | None,
+              max_exp_avg_sq: Tensor | None, *, step: int, lr: float, beta1: float, beta2: float, eps: float,
+              weight_decay: float, gamma: float, mars_type: str, amsgrad: bool,
+              ns_dtype: torch.dtype = torch.bfloat16) -> None:
     """One MARS update of ``param`` in place; ``last_grad``/``exp_avg``/``exp_avg_sq``/``max_exp_avg_sq`` are state
     in :func:`working_dtype` of ``param``.
 
@@ -144,12 +129,8 @@ def mars_step(
     c_t = corrected_gradient(grad, last_grad, gamma, beta1)
     exp_avg.mul_(beta1).add_(c_t, alpha=1.0 - beta1)
     if mars_type == "mars-adamw" or (mars_type == "mars-shampoo" and param.dim() != 2):
-        exp_avg_sq.mul_(beta2).addcmul_(c_t, c_t, value=1.0 - beta2)
-        second_moment = exp_avg_sq
-        if amsgrad:
-            torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
-            second_moment = max_exp_avg_sq
-        update = exp_avg.div(adam_denominator(second_moment, step, beta1, beta2, eps))
+        update = adam_direction(exp_avg, exp_avg_sq, max_exp_avg_sq, c_t, step=step, beta1=beta1, beta2=beta2,
+                                eps=eps, amsgrad=amsgrad)
     elif mars_type == "mars-lion":
         update = exp_avg.sign()
     else:
@@ -160,48 +141,33 @@ def mars_step(
     apply_update(param, update, lr, weight_decay, decay_inside_add=shampoo_matrix)
 
 
-@torch.no_grad()
-def adamw_step(
-    param: Tensor,
-    grad: Tensor,
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor,
-    max_exp_avg_sq: Tensor | None,
-    *,
-    step: int,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    amsgrad: bool,
-) -> None:
-    """The AdamW step MARS applies to tensors that are not 2-D (the official ``update_fn``'s else branch)."""
-    grad = grad.to(exp_avg.dtype)
-    exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+def adam_direction(exp_avg: Tensor, exp_avg_sq: Tensor, max_exp_avg_sq: Tensor | None, values: Tensor, *,
+                   step: int, beta1: float, beta2: float, eps: float, amsgrad: bool) -> Tensor:
+    """Adam's update direction m_t / ((sqrt(v_t) / sqrt(1 - beta2^t) + eps) * (1 - beta1^t)) after
+    v_t = beta2 v + (1 - beta2) x^2 of ``values`` x (m_t already updated); with ``amsgrad`` v_t's running maximum."""
+    exp_avg_sq.mul_(beta2).addcmul_(values, values, value=1.0 - beta2)
     second_moment = exp_avg_sq
     if amsgrad:
         torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
         second_moment = max_exp_avg_sq
-    update = exp_avg.div(adam_denominator(second_moment, step, beta1, beta2, eps))
+    return exp_avg.div(adam_denominator(second_moment, step, beta1, beta2, eps))
+
+
+@torch.no_grad()
+def adamw_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, max_exp_avg_sq: Tensor | None, *,
+               step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+               amsgrad: bool) -> None:
+    """The AdamW step MARS applies to tensors that are not 2-D (the official ``update_fn``'s else branch)."""
+    grad = grad.to(exp_avg.dtype)
+    exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+    update = adam_direction(exp_avg, exp_avg_sq, max_exp_avg_sq, grad, step=step, beta1=beta1, beta2=beta2, eps=eps,
+                            amsgrad=amsgrad)
     apply_update(param, update, lr, weight_decay)
 
 
 @torch.no_grad()
-def authors_adamw_step(
-    param: Tensor,
-    grad: Tensor,
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor,
-    *,
-    step: int,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-) -> None:
+def authors_adamw_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, *, step: int, lr: float,
+                       beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
     """The AdamW of the MARS authors' baselines (``MARS/optimizers/adamw.py:103-122``), in place:
 
         m_t = beta1 * m + (1 - beta1) * g_t
@@ -333,6 +299,14 @@ def apply_shape_scaled_update(param: Tensor, update: Tensor, *, lr: float, weigh
     param.copy_(work)
 
 
+def step_by_orthogonalised(param: Tensor, direction: Tensor, *, lr: float, weight_decay: float, ns_steps: int,
+                           ns_dtype: torch.dtype) -> None:
+    """The step MARS-M, its memory-efficient form and Moonlight end with: the authors' Newton-Schulz of
+    ``direction`` (:func:`newton_schulz5_gram_polynomial`), applied by :func:`apply_shape_scaled_update`."""
+    update = newton_schulz5_gram_polynomial(direction, ns_steps, dtype=ns_dtype)
+    apply_shape_scaled_update(param, update, lr=lr, weight_decay=weight_decay)
+
+
 @torch.no_grad()
 def mars_m_step(param: Tensor, grad: Tensor, last_grad: Tensor, momentum_buffer: Tensor, *, lr: float,
                 momentum: float, gamma: float, weight_decay: float, clip_c: bool, ns_steps: int = 5,
@@ -347,8 +321,7 @@ def mars_m_step(param: Tensor, grad: Tensor, last_grad: Tensor, momentum_buffer:
     look-ahead gradient (exact); this function leaves it as it is.
     """
     direction = mars_m_momentum(grad, last_grad, momentum_buffer, momentum=momentum, gamma=gamma, clip_c=clip_c)
-    update = newton_schulz5_gram_polynomial(direction, ns_steps, dtype=ns_dtype)
-    apply_shape_scaled_update(param, update, lr=lr, weight_decay=weight_decay)
+    step_by_orthogonalised(param, direction, lr=lr, weight_decay=weight_decay, ns_steps=ns_steps, ns_dtype=ns_dtype)
 
 
 @torch.no_grad()
@@ -358,8 +331,7 @@ def mars_m_efficient_step(param: Tensor, grad: Tensor, momentum_buffer: Tensor, 
     """One step of the memory-efficient MARS-M on a matrix (``mars_m_efficient.py:124-152``): the approximate,
     unclipped :func:`mars_m_step` with one state buffer (:func:`mars_m_efficient_direction`)."""
     direction = mars_m_efficient_direction(grad, momentum_buffer, momentum=momentum, gamma=gamma)
-    update = newton_schulz5_gram_polynomial(direction, ns_steps, dtype=ns_dtype)
-    apply_shape_scaled_update(param, update, lr=lr, weight_decay=weight_decay)
+    step_by_orthogonalised(param, direction, lr=lr, weight_decay=weight_decay, ns_steps=ns_steps, ns_dtype=ns_dtype)
 
 
 @torch.no_grad()
@@ -371,8 +343,7 @@ def moonlight_step(param: Tensor, grad: Tensor, momentum_buffer: Tensor, *, lr: 
         p <- p (1 - lr * weight_decay) - lr * 0.2 * sqrt(max(A, B)) * NS(d_t),   d_t = moonlight_direction(...)
     """
     direction = moonlight_direction(grad, momentum_buffer, momentum=momentum, nesterov=nesterov)
-    update = newton_schulz5_gram_polynomial(direction, ns_steps, dtype=ns_dtype)
-    apply_shape_scaled_update(param, update, lr=lr, weight_decay=weight_decay)
+    step_by_orthogonalised(param, direction, lr=lr, weight_decay=weight_decay, ns_steps=ns_steps, ns_dtype=ns_dtype)
 
 
 @torch.no_grad()

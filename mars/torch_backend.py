@@ -15,11 +15,13 @@ remembered-gradient buffer (refilled with this step's gradient at the end), and 
 c_t's buffer holds the update direction.
 """
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from mars.foreach_ops import cast_like, clip_to_unit_norm, working_copies
+from mars.foreach_ops import cast_like, clip_to_unit_norm, working_copies, write_back
+from mars.group_steps import group_steps
 
 
 def _corrected_gradients(
@@ -74,17 +76,15 @@ def _sign_into(outputs: list[Tensor], inputs: list[Tensor]) -> None:
         torch.sign(value, out=output)
 
 
-def _write_back(params: list[Tensor], works: list[Tensor]) -> None:
-    """Copy float32 working copies back into parameters stored in a lower precision."""
-    for param, work in zip(params, works):
-        if work is not param:
-            param.copy_(work)
-
-
-def _decay_weights(works: list[Tensor], lr: float, weight_decay: float) -> None:
-    """p <- p * (1 - lr * weight_decay), the decoupled weight decay."""
+def _apply_updates(params: list[Tensor], lr: float, weight_decay: float,
+                   add_update: Callable[[list[Tensor]], None]) -> None:
+    """p <- p * (1 - lr * weight_decay), the decoupled weight decay, then ``add_update`` of the working copies
+    (float32, or float64 for float64 parameters), written back into the parameters in their dtype."""
+    works = working_copies(params)
     if weight_decay != 0.0:
         torch._foreach_mul_(works, 1.0 - lr * weight_decay)
+    add_update(works)
+    write_back(params, works)
 
 
 def _adam_update(
@@ -106,82 +106,41 @@ def _adam_update(
     sqrt_bias_corrections2 = [math.sqrt(1.0 - beta2**step) for step in steps]
     torch._foreach_add_(denominators, [eps * correction for correction in sqrt_bias_corrections2])
     step_sizes = [-lr * correction / (1.0 - beta1**step) for step, correction in zip(steps, sqrt_bias_corrections2)]
-    works = working_copies(params)
-    _decay_weights(works, lr, weight_decay)
-    torch._foreach_addcdiv_(works, exp_avgs, denominators, step_sizes)
-    _write_back(params, works)
+    _apply_updates(params, lr, weight_decay,
+                   lambda works: torch._foreach_addcdiv_(works, exp_avgs, denominators, step_sizes))
 
 
-@torch.no_grad()
-def mars_group_step(
-    params: list[Tensor],
-    grads: list[Tensor],
-    last_grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor] | None,
-    max_exp_avg_sqs: list[Tensor] | None,
-    *,
-    steps: list[int],
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    gamma: float,
-    mars_type: str,
-    amsgrad: bool,
-    remember_grad: bool,
-) -> None:
-    """One MARS-AdamW or MARS-Lion step on every tensor of the lists (see :func:`mars.reference.mars_step`)."""
-    if mars_type not in ("mars-adamw", "mars-lion"):
-        raise ValueError(f"mars_type must be 'mars-adamw' or 'mars-lion' here, got {mars_type!r}")
+def _fused_step(params: list[Tensor], grads: list[Tensor], state: dict[str, list[Tensor]], *, steps: list[int],
+                lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, gamma: float | None,
+                lion: bool, amsgrad: bool, remember_grad: bool) -> None:
+    """One step of MARS-AdamW, MARS-Lion or, with ``gamma=None``, AdamW on every tensor of the lists
+    (:mod:`mars.group_steps`)."""
     if not params:
         return
-    grads = cast_like(grads, last_grads)  # the state's dtype: float32, or float64 for float64 parameters
-    corrected = _corrected_gradients(grads, last_grads, gamma, beta1, in_place=remember_grad)
-    torch._foreach_lerp_(exp_avgs, corrected, 1.0 - beta1)
-    # From here on c_t is dead and its buffer is scratch for the update direction.
-    update_directions = corrected
-    if mars_type == "mars-adamw":
-        second_moments = _update_second_moment(exp_avg_sqs, max_exp_avg_sqs, corrected, beta2, amsgrad)
-        _sqrt_into(update_directions, second_moments)
-        _adam_update(
-            params, exp_avgs, update_directions,
-            steps=steps, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
-        )
+    exp_avgs = state["exp_avg"]
+    grads = cast_like(grads, exp_avgs)  # the state's dtype: float32, or float64 for float64 parameters
+    if gamma is None:
+        moment_inputs = grads
     else:
-        _sign_into(update_directions, exp_avgs)
-        works = working_copies(params)
-        _decay_weights(works, lr, weight_decay)
-        torch._foreach_add_(works, update_directions, alpha=-lr)
-        _write_back(params, works)
+        moment_inputs = _corrected_gradients(grads, state["last_grad"], gamma, beta1, in_place=remember_grad)
+    torch._foreach_lerp_(exp_avgs, moment_inputs, 1.0 - beta1)
+    # From here on c_t is dead and its buffer is scratch for the update direction; the gradients are the caller's.
+    scratch = None if gamma is None else moment_inputs
+    if lion:
+        _sign_into(scratch, exp_avgs)
+        _apply_updates(params, lr, weight_decay, lambda works: torch._foreach_add_(works, scratch, alpha=-lr))
+    else:
+        second_moments = _update_second_moment(state["exp_avg_sq"], state.get("max_exp_avg_sq"), moment_inputs,
+                                               beta2, amsgrad)
+        if scratch is None:
+            denominators = torch._foreach_sqrt(second_moments)
+        else:
+            _sqrt_into(scratch, second_moments)
+            denominators = scratch
+        _adam_update(params, exp_avgs, denominators, steps=steps, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                     weight_decay=weight_decay)
     if remember_grad:
-        torch._foreach_copy_(last_grads, grads)
+        torch._foreach_copy_(state["last_grad"], grads)
 
 
-@torch.no_grad()
-def adamw_group_step(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    max_exp_avg_sqs: list[Tensor] | None,
-    *,
-    steps: list[int],
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    amsgrad: bool,
-) -> None:
-    """One AdamW step on every tensor of the lists (see :func:`mars.reference.adamw_step`)."""
-    if not params:
-        return
-    grads = cast_like(grads, exp_avgs)
-    torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
-    second_moments = _update_second_moment(exp_avg_sqs, max_exp_avg_sqs, grads, beta2, amsgrad)
-    _adam_update(
-        params, exp_avgs, torch._foreach_sqrt(second_moments),
-        steps=steps, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
-    )
+mars_group_step, adamw_group_step = group_steps(_fused_step, "torch")

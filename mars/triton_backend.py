@@ -34,6 +34,8 @@ from itertools import chain, repeat
 import torch
 from torch import Tensor
 
+from mars.group_steps import group_steps
+
 try:
     import triton
     import triton.language as tl
@@ -49,7 +51,6 @@ BLOCK_SIZE = 1024
 REDUCE_BLOCK_SIZE = 1024
 NUM_WARPS = 4
 
-MARS_TYPES = ("mars-adamw", "mars-lion")
 PARAM_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 # Rows of the pointer table, in this order.
 ROLES = ("params", "grads", "last_grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
@@ -459,68 +460,4 @@ def _at(values: tuple[int, ...], indices: tuple[int, ...]) -> tuple[int, ...]:
     return values if len(indices) == len(values) else tuple(values[i] for i in indices)
 
 
-@torch.no_grad()
-def mars_group_step(
-    params: list[Tensor],
-    grads: list[Tensor],
-    last_grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor] | None,
-    max_exp_avg_sqs: list[Tensor] | None,
-    *,
-    steps: list[int],
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    gamma: float,
-    mars_type: str,
-    amsgrad: bool,
-    remember_grad: bool,
-) -> None:
-    """One MARS-AdamW or MARS-Lion step on every tensor of the lists (see :func:`mars.reference.mars_step`).
-
-    ``exp_avg_sqs`` is read only by mars-adamw, ``max_exp_avg_sqs`` only by mars-adamw with ``amsgrad``.
-    With ``remember_grad`` each ``last_grads[i]`` ends the step holding a float32 copy of ``grads[i]``.
-    """
-    if mars_type not in MARS_TYPES:
-        raise ValueError(f"mars_type must be one of {MARS_TYPES} in the Triton backend, got {mars_type!r}")
-    lion = mars_type == "mars-lion"
-    state = {"last_grad": last_grads, "exp_avg": exp_avgs}
-    if not lion:
-        state["exp_avg_sq"] = exp_avg_sqs
-        if amsgrad:
-            state["max_exp_avg_sq"] = max_exp_avg_sqs
-    _fused_step(
-        params, grads, state,
-        steps=steps, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, gamma=gamma,
-        lion=lion, amsgrad=amsgrad and not lion, remember_grad=remember_grad,
-    )
-
-
-@torch.no_grad()
-def adamw_group_step(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    max_exp_avg_sqs: list[Tensor] | None,
-    *,
-    steps: list[int],
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    amsgrad: bool,
-) -> None:
-    """One AdamW step on every tensor of the lists (see :func:`mars.reference.adamw_step`)."""
-    state = {"exp_avg": exp_avgs, "exp_avg_sq": exp_avg_sqs}
-    if amsgrad:
-        state["max_exp_avg_sq"] = max_exp_avg_sqs
-    _fused_step(
-        params, grads, state,
-        steps=steps, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, gamma=None,
-        lion=False, amsgrad=amsgrad, remember_grad=False,
-    )
+mars_group_step, adamw_group_step = group_steps(_fused_step, "Triton")

@@ -41,7 +41,8 @@ from torch import nn
 
 from configs.compose import compose_config
 from configs.schema import LrSchedule
-from mars import reference, triton_backend
+from mars import reference
+from mars.group_steps import LIST_MARS_TYPES
 from mars.optimizer import available_backends
 from model import GPT, GPTConfig
 from scripts.bench_report import run_record, write_report
@@ -393,7 +394,7 @@ def mars_variants() -> list[Variant]:
     variants = []
     for mars_type in reference.MARS_TYPES:
         for scheme in ("approx", "exact"):
-            for backend in ("reference", "torch") + (("triton",) if mars_type in triton_backend.MARS_TYPES else ()):
+            for backend in ("reference", "torch") + (("triton",) if mars_type in LIST_MARS_TYPES else ()):
                 variants.append(Variant(
                     f"{mars_type}-{scheme}-{backend}", f"owt-gpt2-small-50b-mars-{scheme}",
                     (f"optimizer.mars_type={mars_type}", f"optimizer.backend={backend}"),

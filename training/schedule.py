@@ -69,29 +69,29 @@ def set_learning_rate(optimizer, lr: float, peak_lr: float) -> None:
         group["lr"] = group["peak_lr"] * lr / peak_lr
 
 
-def set_part_lr(optimizer, key: str, part_lr: float, lr: float) -> None:
-    """Give the part of ``optimizer`` whose peak is ``optimizer.<key>`` (Muon's AdamW part: ``adamw_lr``) the
-    learning rate ``part_lr`` while the optimizer's own is ``lr``.
-
-    The MARS authors schedule Muon's and AdamW's learning rates separately, each from its own peak to the same
-    min_lr; Muon applies its AdamW part at ``group['lr'] * group['adamw_lr_ratio']``, so the ratio follows the
-    two schedules. At lr = 0 (the first warmup step) the ratio is kept: both parts stand still anyway.
-    """
-    if lr <= 0.0:
-        return
+def set_part_lr(optimizer, key: str, ratio: float) -> None:
+    """Set the learning rate ``key`` of a part of ``optimizer`` (MARS's ``lr_1d``, Muon's ``adamw_lr``) to ``ratio``
+    times each param group's lr, so that a group that starts with its own lr keeps its parts in proportion."""
     for group in optimizer.param_groups:
-        if f"{key}_ratio" in group:
-            group[f"{key}_ratio"] = part_lr / lr
+        if key in group:
+            group[key] = group["lr"] * ratio
 
 
 def apply_schedule(optimizer, step: int, schedule: dict, optimizer_cfg) -> float:
     """Set every learning rate of ``optimizer`` for ``step``; returns the configured optimizer's (``lr``) one.
 
-    ``schedule``: the keyword arguments of :func:`learning_rate` but ``peak_lr``, which is ``optimizer_cfg.lr``
-    (and, for each part the optimizer's schema names in ``part_lrs``, that part's own peak).
+    ``schedule``: the keyword arguments of :func:`learning_rate` but ``peak_lr``, which is ``optimizer_cfg.lr``.
+    The parts the optimizer's schema names follow it: in ``proportional_lrs`` at their configured ratio to lr (MARS's
+    ``lr_1d``, as the authors' ``lr_1d_factor``), in ``part_lrs`` each on the same schedule from its own peak (Muon's
+    AdamW part, as the authors schedule Muon's and AdamW's learning rates, to the same min_lr). At lr = 0 (the first
+    warmup step) both parts are 0.
     """
     lr = learning_rate(step, peak_lr=optimizer_cfg.lr, **schedule)
     set_learning_rate(optimizer, lr, optimizer_cfg.lr)
-    for key in OPTIMIZER_SCHEMAS[optimizer_cfg.name].part_lrs:
-        set_part_lr(optimizer, key, learning_rate(step, peak_lr=optimizer_cfg[key], **schedule), lr)
+    schema = OPTIMIZER_SCHEMAS[optimizer_cfg.name]
+    for key in schema.proportional_lrs:
+        set_part_lr(optimizer, key, optimizer_cfg[key] / optimizer_cfg.lr)
+    for key in schema.part_lrs:
+        part_lr = learning_rate(step, peak_lr=optimizer_cfg[key], **schedule)
+        set_part_lr(optimizer, key, part_lr / lr if lr > 0.0 else 0.0)
     return lr

@@ -93,12 +93,12 @@ def test_without_nesterov_the_momentum_buffer_is_orthogonalised():
     torch.testing.assert_close(param.detach(), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_tensors_that_are_not_2d_take_torch_adamw_at_the_scaled_lr():
-    # Step 1 of torch's AdamW is p - lr * (g / (|g| + eps) + wd * p), with lr = group lr * adamw_lr / lr.
+def test_tensors_that_are_not_2d_take_torch_adamw_at_the_adamw_lr():
+    # Step 1 of torch's AdamW is p - lr * (g / (|g| + eps) + wd * p), with lr = the group's adamw_lr.
     param = torch.nn.Parameter(torch.tensor([0.5, -1.0, 2.0]))
     grad = torch.tensor([0.3, -0.02, 0.001])
     optimizer = Muon([param], lr=0.02, adamw_lr=0.004, adamw_weight_decay=0.1, adamw_eps=1e-8, adamw_variant="torch")
-    optimizer.param_groups[0]["lr"] = 0.01  # a schedule halving lr halves the AdamW lr too
+    optimizer.param_groups[0]["adamw_lr"] = 0.002  # a schedule sets it beside lr
     param.grad = grad
     p0 = param.detach().double().clone()
     optimizer.step()
@@ -157,7 +157,7 @@ def test_tensors_that_are_not_2d_take_the_authors_adamw_by_default():
     param = torch.nn.Parameter(torch.tensor([0.5, -1.0, 2.0]))
     grad = torch.tensor([0.3, -0.02, 1e-8])
     optimizer = Muon([param], lr=0.02, adamw_lr=0.004, adamw_weight_decay=0.1, adamw_eps=1e-8)
-    optimizer.param_groups[0]["lr"] = 0.01  # a schedule halving lr halves the AdamW lr too
+    optimizer.param_groups[0]["adamw_lr"] = 0.002  # a schedule sets it beside lr
     param.grad = grad
     p0, g = param.detach().double().clone(), grad.double()
     optimizer.step()
@@ -285,7 +285,7 @@ def test_bfloat16_params_keep_float32_state_through_a_state_dict_round_trip():
 @pytest.mark.parametrize(
     "kwargs, argument",
     [
-        (dict(lr=0.0), "lr"),
+        (dict(lr=-1e-3), "lr"),
         (dict(momentum=1.0), "momentum"),
         (dict(momentum=-0.1), "momentum"),
         (dict(ns_steps=0), "ns_steps"),

@@ -1,11 +1,13 @@
 """mars.MARS: every backend against a plain per-tensor loop over mars.reference, plus the optimizer contract."""
 import copy
 import io
+import pickle
 
 import pytest
 import torch
 
 from mars import MARS, available_backends, reference
+from mars.optimizer import DispatchingOptimizer
 
 # 1-D, 2-D (square, tall, wide, a single row/column) and 3-D tensors with odd sizes.
 SHAPES = [(7, 5), (13,), (3, 4, 2), (1, 9), (9, 1), (5,), (17, 11)]
@@ -70,7 +72,7 @@ def expected_params(params, steps, *, mars_type, is_approx, amsgrad, optimize_1d
                 beta1_1d, beta2_1d = KWARGS["betas_1d"]
                 reference.adamw_step(
                     param, grad, s["exp_avg"], s["exp_avg_sq"], s["max_exp_avg_sq"], step=s["step"],
-                    lr=lr * KWARGS["lr_1d"] / KWARGS["lr"], beta1=beta1_1d, beta2=beta2_1d, eps=KWARGS["eps"],
+                    lr=KWARGS["lr_1d"], beta1=beta1_1d, beta2=beta2_1d, eps=KWARGS["eps"],
                     weight_decay=KWARGS["weight_decay_1d"], amsgrad=amsgrad,
                 )
         for s in state:
@@ -85,7 +87,8 @@ def set_grads(params, grads):
 
 
 def run_mars(params, steps, **options):
-    """Run MARS through ``steps`` with a LambdaLR schedule; an empty param group rides along."""
+    """Run MARS through ``steps`` with a LambdaLR schedule, which sets lr (lr_1d stays); an empty param group rides
+    along."""
     params = [torch.nn.Parameter(p.clone()) for p in params]
     optimizer = MARS([{"params": params}, {"params": []}], **KWARGS, **options)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_at(i + 1) / KWARGS["lr"])
@@ -384,12 +387,12 @@ def test_params_without_grad_are_skipped_and_keep_their_step_count():
     torch.testing.assert_close(params[1].detach(), frozen, rtol=0, atol=0)
 
 
-def test_one_dim_params_take_adamw_with_lr_ratio_and_weight_decay_1d_not_the_group_weight_decay():
+def test_one_dim_params_take_adamw_with_lr_1d_and_weight_decay_1d_not_the_group_lr_and_weight_decay():
     # Step 1 of AdamW is p - lr_1d * (g / (|g| + eps) + weight_decay_1d * p).
     param = torch.nn.Parameter(torch.tensor([0.5, -1.0, 2.0]))
     grad = torch.tensor([0.3, -0.02, 0.001])
-    optimizer = MARS([param], lr=0.01, lr_1d=0.002, weight_decay=0.5, weight_decay_1d=0.1, eps=1e-8)
-    optimizer.param_groups[0]["lr"] = 0.005  # a scheduler halving lr halves lr_1d too
+    optimizer = MARS([param], lr=0.01, lr_1d=0.001, weight_decay=0.5, weight_decay_1d=0.1, eps=1e-8)
+    optimizer.param_groups[0]["lr"] = 0.005  # the group's lr is the 2-D tensors' only
     param.grad = grad
     expected = param.detach().double() - 0.001 * (grad.double() / (grad.double().abs() + 1e-8)
                                                   + 0.1 * param.detach().double())
@@ -505,7 +508,6 @@ def test_exact_scheme_step_without_stash_raises():
 @pytest.mark.parametrize(
     "kwargs, argument",
     [
-        (dict(lr=0.0), "lr"),
         (dict(lr=-1e-3), "lr"),
         (dict(lr_1d=-1e-3), "lr_1d"),
         (dict(eps=-1e-8), "eps"),
@@ -561,3 +563,33 @@ def test_auto_backend_uses_torch_for_cpu_tensors():
         p.grad = grad.clone()
         MARS([p], backend=backend).step()
     torch.testing.assert_close(param, reference_param, rtol=0, atol=0)
+
+
+class PlainSGD(DispatchingOptimizer):
+    """A minimal optimizer on the generic base: no option of the whole optimizer, Newton-Schulz's neither."""
+
+    def __init__(self, params, lr: float = 0.1):
+        super().__init__(params, dict(lr=lr))
+
+    def _check_group(self, group):
+        pass
+
+    def _matrix_step(self, params, group):
+        torch._foreach_add_(params, [param.grad for param in params], alpha=-group["lr"])
+
+    _adamw_step = _matrix_step
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_subclass_of_the_generic_base_without_newton_schulz_options_copies_or_pickles_and_steps(how):
+    params = [torch.nn.Parameter(torch.ones(3, 2)), torch.nn.Parameter(torch.ones(2))]
+    optimizer = PlainSGD(params)
+    copy_of = copy.deepcopy if how == "deepcopy" else lambda obj: pickle.loads(pickle.dumps(obj))
+    copied_params, copied = copy_of((params, optimizer))
+    for each_params, each in ((params, optimizer), (copied_params, copied)):
+        for param in each_params:
+            param.grad = torch.full_like(param, 2.0)
+        each.step()
+    for param, copied_param in zip(params, copied_params):
+        assert torch.equal(param.detach(), torch.full_like(param, 0.8))
+        assert torch.equal(copied_param.detach(), param.detach())

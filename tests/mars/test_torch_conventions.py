@@ -64,6 +64,12 @@ def run_steps(optimizer, params, steps):
         optimizer.zero_grad()
 
 
+def learning_rates(cls):
+    """The constructor arguments of ``cls`` that are learning rates: ``lr``, MARS's ``lr_1d``, Muon's ``adamw_lr``."""
+    return [name for name in inspect.signature(cls.__init__).parameters
+            if name == "lr" or name.startswith("lr_") or name.endswith("_lr")]
+
+
 def assert_same_params(actual, expected):
     for a, e in zip(actual, expected):
         assert a.dtype == e.dtype
@@ -122,7 +128,12 @@ def test_a_state_dict_saved_by_an_earlier_version_loads_and_steps_as_that_versio
     params = [torch.nn.Parameter(param) for param in saved["params"]]
     optimizer = saved_state_dicts.new_optimizer(case, params)
     optimizer.load_state_dict(copy.deepcopy(saved["state_dict"]))
-    assert_same_state_dict(optimizer.state_dict(), saved["state_dict"])
+    # That version kept MARS's lr_1d and Muon's adamw_lr as a ratio to lr: they come back as the lr it stepped with.
+    expected = copy.deepcopy(saved["state_dict"])
+    for group in expected["param_groups"]:
+        for name in learning_rates(type(optimizer))[1:]:
+            group[name] = group["lr"] * group.pop(f"{name}_ratio")
+    assert_same_state_dict(optimizer.state_dict(), expected)
     saved_state_dicts.step(optimizer, params, saved_state_dicts.SAVED_AFTER)
     for param, expected in zip(params, saved["stepped"]):
         torch.testing.assert_close(param.detach(), expected)
@@ -306,17 +317,48 @@ def test_a_tensor_lr_steps_as_the_same_float_lr(cls, options):
 
 
 @pytest.mark.parametrize("cls, options", OPTIMIZERS)
+def test_a_tensor_for_every_learning_rate_steps_as_the_same_floats(cls, options):
+    lrs = {name: torch.tensor(1e-2 / (index + 1)) for index, name in enumerate(learning_rates(cls))}
+    params, expected_params = new_params(), new_params()
+    optimizer = cls(params, **options, **lrs)
+    expected = cls(expected_params, **options, **{name: lr.item() for name, lr in lrs.items()})
+    run_steps(optimizer, params, range(STEPS))
+    run_steps(expected, expected_params, range(STEPS))
+    assert_same_params(params, expected_params)
+
+
+@pytest.mark.parametrize("cls, options", OPTIMIZERS)
+def test_a_learning_rate_tensor_of_more_than_one_element_is_refused_naming_it(cls, options):
+    for name in learning_rates(cls):
+        with pytest.raises(ValueError, match=f"^Tensor {name} must be 1-element"):
+            cls(new_params(), **options, **{name: torch.tensor([1e-3, 1e-3])})
+        with pytest.raises(ValueError, match=f"^Tensor {name} must be 1-element"):
+            cls([{"params": new_params(), name: torch.tensor([1e-3, 1e-3])}], **options)
+
+
+@pytest.mark.parametrize("cls, options", OPTIMIZERS)
+def test_a_group_that_sets_only_lr_takes_every_other_learning_rate_from_the_constructor(cls, options):
+    # torch.optim's rule: a group falls back to the constructor's value of what it does not set, so a tiny
+    # constructor lr has no bearing on a group with its own (MARS's lr_1d and Muon's adamw_lr included).
+    params, expected_params = new_params(), new_params()
+    run_steps(cls([{"params": params, "lr": 1e-3}], **options, lr=1e-28), params, range(STEPS))
+    run_steps(cls(expected_params, **options, lr=1e-3), expected_params, range(STEPS))
+    assert all(torch.isfinite(param).all() for param in params)
+    assert_same_params(params, expected_params)
+
+
+@pytest.mark.parametrize("cls, options", OPTIMIZERS)
 def test_an_lr_changed_in_param_groups_holds_from_the_next_step(cls, options):
     params = new_params()
     optimizer = cls(params, **options)
     run_steps(optimizer, params, range(1))
     for group in optimizer.param_groups:
-        group["lr"] = 0.0
+        group.update(dict.fromkeys(learning_rates(cls), 0.0))
     before = [param.detach().clone() for param in params]
     run_steps(optimizer, params, range(1, 2))
     assert_same_params(params, before)
     for group in optimizer.param_groups:
-        group["lr"] = 1e-2
+        group.update(dict.fromkeys(learning_rates(cls), 1e-2))
     run_steps(optimizer, params, range(2, 3))
     assert all(not torch.equal(param, old) for param, old in zip(params, before))
 
@@ -340,7 +382,7 @@ def test_parameters_keep_their_dtype_and_state_is_float32_or_float64_for_float64
 def test_float64_parameters_are_not_rounded_to_float32(cls, options):
     params = new_params(torch.float64)
     optimizer = cls(params, **options)
-    optimizer.param_groups[0]["lr"] = 0.0  # and with it MARS's lr_1d and Muon's adamw_lr
+    optimizer.param_groups[0].update(dict.fromkeys(learning_rates(cls), 0.0))
     run_steps(optimizer, params, range(STEPS))
     assert_same_params(params, new_params(torch.float64))  # a step of length zero changes nothing
 
@@ -373,7 +415,7 @@ def test_complex_parameters_are_refused_naming_the_workaround(cls, options):
 # Every constructor argument of every exported optimizer, other than the parameters: a value other than the default
 # that a param group may set, or None for an option of the whole optimizer, which a group must be refused.
 GROUP_VALUES = {
-    "lr": "doubled",  # with MARS's lr_1d and Muon's adamw_lr doubled alike in the constructor (the same ratio)
+    "lr": "doubled",
     "betas": (0.8, 0.9), "eps": 1e-3, "weight_decay": 0.3, "amsgrad": True, "gamma": 0.5, "mars_type": "mars-lion",
     "optimize_1d": True, "lr_1d": 1e-4, "betas_1d": (0.8, 0.9), "weight_decay_1d": 0.3, "ns_dtype": torch.float32,
     "ns_form": "fused_gram", "momentum": 0.8, "nesterov": False, "ns_steps": 3, "adamw_lr": 1e-4,
@@ -384,7 +426,6 @@ GROUP_VALUES = {
 # Values other than the defaults of the options of the whole optimizer.
 OTHER_THAN_DEFAULT = {"is_approx": False, "backend": "reference", "process_group": "another group",
                       "ns_cuda_graph": True, "foreach": False}
-SECOND_LR = {MARS: "lr_1d", Muon: "adamw_lr"}
 # mars-shampoo, so that every MARS option shows in the steps (ns_dtype and ns_form too).
 GROUP_BASE = {MARS: dict(mars_type="mars-shampoo", backend="torch"), Muon: {}, MarsM: {}, MarsMEfficient: {},
               Moonlight: {}}
@@ -394,13 +435,9 @@ CONSTRUCTOR_ARGUMENTS = [pytest.param(cls, name, id=f"{cls.__name__}-{name}") fo
 
 def constructor_options(cls, name):
     """The constructor options that give every tensor what a group with ``GROUP_VALUES[name]`` gives its own."""
-    default = inspect.signature(cls.__init__).parameters
     if name != "lr":
         return {name: GROUP_VALUES[name]}
-    options = {"lr": 2 * default["lr"].default}
-    if cls in SECOND_LR:
-        options[SECOND_LR[cls]] = 2 * default[SECOND_LR[cls]].default
-    return options
+    return {"lr": 2 * inspect.signature(cls.__init__).parameters["lr"].default}
 
 
 def trajectory(cls, groups_of, **options):

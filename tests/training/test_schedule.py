@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from configs.schema import LrSchedule
-from mars import Muon
+from mars import MARS, Muon
 from training.schedule import apply_schedule, learning_rate, schedule_shortfalls, set_learning_rate
 
 ARGS = dict(peak_lr=1.0, min_lr=0.1, warmup_iters=10, decay_iters=110)
@@ -58,13 +58,27 @@ def test_muon_adamw_part_warms_up_in_proportion_then_decays_to_the_same_min_lr_a
     def lrs(step):
         lr = apply_schedule(muon, step, schedule, cfg)
         group = muon.param_groups[0]
-        return lr, group["lr"], group["lr"] * group["adamw_lr_ratio"]
+        return lr, group["lr"], group["adamw_lr"]
 
     assert lrs(5) == pytest.approx((1e-2, 1e-2, 1.5e-3))
     coeff = 0.5  # step 60: half-way through the cosine
     assert lrs(60) == pytest.approx((3e-5 + coeff * (2e-2 - 3e-5),) * 2 + (3e-5 + coeff * (3e-3 - 3e-5),))
     assert lrs(110) == pytest.approx((3e-5, 3e-5, 3e-5))
     assert lrs(0)[2] == 0.0
+
+
+def test_mars_lr_1d_follows_the_scheduled_lr_at_its_configured_ratio_as_the_authors_lr_1d_factor():
+    cfg = OmegaConf.create({"name": "mars", "lr": 6e-3, "lr_1d": 3e-3})
+    mars = MARS([torch.nn.Parameter(torch.zeros(2, 2)), torch.nn.Parameter(torch.zeros(2))], lr=6e-3, lr_1d=3e-3)
+    schedule = dict(min_lr=3e-5, warmup_iters=10, decay_iters=110, schedule=LrSchedule.cosine)
+
+    def lrs(step):
+        lr = apply_schedule(mars, step, schedule, cfg)
+        return lr, mars.param_groups[0]["lr_1d"]
+
+    assert lrs(0) == (0.0, 0.0)
+    assert lrs(5) == pytest.approx((3e-3, 1.5e-3))
+    assert lrs(110) == pytest.approx((3e-5, 1.5e-5))
 
 
 REPO = Path(__file__).resolve().parents[2]
