@@ -26,7 +26,7 @@ from training.checkpoint import CheckpointReadError, CheckpointSaveError, Unread
 from training.distributed import DistributedContext, all_gather_objects, stop_with_message
 from training.divergence import TrainingDiverged
 from training.preemption import TerminatedEarlier
-from training.provenance import DifferentCodeOnRanks
+from training.provenance import DifferentCodeOnRanks, launcher_words
 from training.run_dir import RunDirectoryError, RunDirectoryLock
 from training.summary import Progress
 
@@ -106,9 +106,10 @@ def resume_command() -> str:
 
 
 def this_command_resumed(where: str) -> str:
-    """This process's command line with its launch arguments replaced by ``where`` and ``train.resume=true``."""
+    """This process's command line with its launch arguments replaced by ``where`` and ``train.resume=true``,
+    started as this process was (under torchrun or a launch script: the same number of processes)."""
     kept = [arg for arg in sys.argv[1:] if not arg.lstrip("+~").startswith(LAUNCH_ARGUMENTS)]
-    return shlex.join([sys.executable, sys.argv[0], *kept, where, "train.resume=true"])
+    return f"{launcher_words()} {shlex.join([*kept, where, 'train.resume=true'])}"
 
 
 RESUME_SCRIPT_HEAD = ("#!/bin/sh\n# Resumes this sweep where it stopped: finished points are skipped, unfinished "
