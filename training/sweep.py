@@ -12,9 +12,10 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -25,7 +26,7 @@ from training.atomic import atomic_file
 from training.checkpoint import CheckpointReadError, CheckpointSaveError, UnreadableCheckpoints
 from training.distributed import DistributedContext, all_gather_objects, stop_with_message
 from training.divergence import TrainingDiverged
-from training.preemption import TerminatedEarlier
+from training.preemption import TerminatedEarlier, received_signal
 from training.provenance import DifferentCodeOnRanks, launcher_words
 from training.run_dir import RunDirectoryError, RunDirectoryLock
 from training.summary import Progress
@@ -95,14 +96,16 @@ def in_sweep() -> bool:
 
 def resume_command() -> str:
     """The command that continues this run where it stopped; in a sweep, the whole sweep in its own directory
-    (finished points have nothing to do, the others resume from their checkpoints, failed ones are retried), as
-    the process that launched it wrote it into ``resume.sh``: a point that runs as a job of its own (submitit,
-    SLURM) was started by another program than ``train.py``."""
+    (finished points have nothing to do, the others resume from their checkpoints, failed ones are retried):
+    ``bash <sweep>/resume.sh``, which the process that launched it wrote (a point that runs as a job of its own,
+    submitit or SLURM, was started by another program than ``train.py``)."""
     hydra_cfg = HydraConfig.get()
     if not in_sweep():
         return this_command_resumed(f"hydra.run.dir={hydra_cfg.run.dir}")
-    return (command_of_resume_script(Path(hydra_cfg.sweep.dir))
-            or this_command_resumed(f"hydra.sweep.dir={hydra_cfg.sweep.dir}"))
+    sweep_dir = Path(hydra_cfg.sweep.dir)
+    if has_resume_script(sweep_dir):
+        return shlex.join(["bash", str(sweep_dir / RESUME_SCRIPT)])
+    return this_command_resumed(f"hydra.sweep.dir={sweep_dir}")
 
 
 def this_command_resumed(where: str) -> str:
@@ -130,14 +133,12 @@ def write_resume_script(sweep_dir: Path) -> None:
         log.warning("could not write %s: %s", script, err)
 
 
-def command_of_resume_script(sweep_dir: Path) -> str | None:
-    """The command ``write_resume_script`` kept in ``sweep_dir``, or None where there is none to read."""
+def has_resume_script(sweep_dir: Path) -> bool:
+    """Whether ``sweep_dir`` holds the script that ``write_resume_script`` wrote, readable."""
     try:
-        text = (sweep_dir / RESUME_SCRIPT).read_text()
+        return (sweep_dir / RESUME_SCRIPT).read_text().startswith(RESUME_SCRIPT_HEAD)
     except OSError:
-        return None
-    _, separator, command = text.rstrip("\n").rpartition(" && exec ")
-    return command if text.startswith(RESUME_SCRIPT_HEAD) and separator else None
+        return False
 
 
 @contextlib.contextmanager
@@ -152,7 +153,7 @@ def failures_recorded(run_dir: Path) -> Iterator[Progress]:
     try:
         yield progress
     except TerminatedEarlier as err:
-        raise SystemExit("\n".join([*sweep_report(), f"error: {err}"])) from None
+        stop_sweep(f"{err}")
     except ERRORS_TOLD_IN_ONE_LINE as err:
         end_failed(run_dir, err, f"{err}", progress.step, sweep)
     except Exception as err:
@@ -223,6 +224,21 @@ class SweepOutcomes(Callback):
         _launched_sweep_dir = Path(config.hydra.sweep.dir)
         shutil.rmtree(_launched_sweep_dir / OUTCOMES_DIR, ignore_errors=True)
         write_resume_script(_launched_sweep_dir)
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        """A point that a signal stopped (at its checkpoint) in the process that launched the sweep ends the sweep
+        here, before Hydra announces the next point or makes its directory. (SystemExit, not an Exception:
+        Hydra turns an Exception from a callback into a warning.)"""
+        signal_name = received_signal()
+        if _launched_sweep_dir is not None and signal_name is not None:
+            stop_sweep(f"the sweep stopped on {signal_name} during {config.hydra.runtime.output_dir} (its checkpoint "
+                       f"holds its state); no further point starts. Finish every point (finished ones are skipped) "
+                       f"with: {resume_command()}")
+
+
+def stop_sweep(reason: str) -> NoReturn:
+    """End the sweep's process with the failed points so far, then ``reason``, as its last line."""
+    raise SystemExit("\n".join([*sweep_report(), f"error: {reason}"])) from None
 
 
 def point_ended(run_dir: Path, reason: str | None = None) -> None:
