@@ -34,7 +34,7 @@ from training.run_checkpoint import save_run_checkpoint
 from training.run_dir import RunDirectoryLock, locked_run_directory, register_run_dir_resolver, write_hydra_record
 from training.runtime import autocast_context, peak_flops, resolve_device, resolve_dtype, seed_everything, set_tf32
 from training.schedule import apply_schedule, warn_about_schedule_shortfalls
-from training.summary import Progress, closing_summary, opening_lines
+from training.summary import Progress, closing_summary, opening_lines, tell_closing_summary
 from training.sweep import (clear_failure, divergence_advice, failures_recorded, in_sweep, on_every_rank_alike,
                             resume_command, stop_alike_on_bad_token_ids, sweep_report)
 from training.validation import hellaswag_accuracy, validation_losses
@@ -165,9 +165,8 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
     if ctx.is_main:
         progress.checkpoint = keep_finished_checkpoints(run_dir, progress.step, t, progress.checkpoint)
         tabulate_dir = HydraConfig.get().sweep.dir if in_sweep() else run_dir
-        for line in closing_summary(read_metrics(run_dir), progress, t.max_iters, run_dir, resume_command(),
-                                    tabulate_dir):
-            log.info(line)
+        tell_closing_summary(closing_summary(read_metrics(run_dir), progress, t.max_iters, run_dir, resume_command(),
+                                             tabulate_dir))
     watch.raise_if_diverged(progress.checkpoint)
 
 

@@ -1,6 +1,6 @@
 """Export a train.py checkpoint as a Hugging Face ``transformers`` GPT-2, tokenizer included, without a network.
 
-    python -m evaluation.export_hf --checkpoint outputs/my-run --out exported/my-run
+    python -m evaluation.export_hf --checkpoint outputs/my-run --out hf/my-run   # hf/: ignored by git
 
 ``--checkpoint`` is a checkpoint file or a run directory (its newest loadable checkpoint). ``--out`` receives a
 ``GPT2LMHeadModel`` (``config.json``, ``model.safetensors``, ``generation_config.json``) and GPT-2's tokenizer
@@ -47,6 +47,7 @@ the run that trained it (each with its git commit and the patch of any uncommitt
 """
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -164,6 +165,8 @@ def save_hf(model: GPT, out: Path, source: dict | None = None, overwrite: bool =
     out.mkdir(parents=True, exist_ok=True)
     exported.save_pretrained(out)
     gpt2_tokenizer(model.config.block_size).save_pretrained(out)
+    for weights in out.glob("*.safetensors"):  # safetensors creates its files 0600, whatever the umask
+        shutil.copymode(out / "config.json", weights)
     if source is not None:
         (out / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
     return out

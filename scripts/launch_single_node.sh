@@ -20,5 +20,8 @@ if [ -z "$nproc" ]; then
 fi
 [ "$nproc" -ge 1 ] || nproc=1
 run_dir="${RUN_DIR:-outputs/$(date +%Y-%m-%d/%H-%M-%S)}"
+# train.py's resume line starts with this script and its process count, rather than with the torchrun it runs.
+printf -v TRAIN_LAUNCH_SCRIPT '%q ' "NPROC=$nproc" "$PWD/scripts/launch_single_node.sh"
+export TRAIN_LAUNCH_SCRIPT="${TRAIN_LAUNCH_SCRIPT% }"
 source scripts/reason_last.sh
 reason_last torchrun --standalone --nproc_per_node="$nproc" train.py "hydra.run.dir=$run_dir" "$@"

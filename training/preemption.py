@@ -63,6 +63,11 @@ class PreemptionSignal:
         return _received is not None
 
 
+def received_signal() -> str | None:
+    """The name of the first termination signal this process got, None before any."""
+    return _received
+
+
 def refuse_if_terminated(run_dir, resume_command: str) -> None:
     """Raise :class:`TerminatedEarlier` when a termination signal reached this process before this run began;
     the message gives ``resume_command``, which finishes the sweep in its own directory."""

@@ -9,6 +9,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -26,6 +27,8 @@ PATCH_DIR = "code"  # in the run directory: one patch per launch that ran uncomm
 PATCH_NAME = re.compile(r"launch_(\d+)\.patch")  # named after the step the launch started at
 GIT_TIMEOUT_S = 30
 MAX_UNTRACKED_NAMES = 20  # a launch record lists this many untracked files at most (and counts them all)
+# Set by a launch script for the torchrun it runs: the script's command line with its settings, as shell words.
+LAUNCH_SCRIPT_VARIABLE = "TRAIN_LAUNCH_SCRIPT"
 
 
 class DifferentCodeOnRanks(ValueError):
@@ -152,16 +155,36 @@ def check_same_code(ranks: list[dict]) -> None:
                 f"(commit {ranks[0]['commit'] or 'unknown'} on rank 0, {report['commit'] or 'unknown'} on rank {rank})")
 
 
+def torchrun_command() -> list[str] | None:
+    """torchrun's command line when this process is one of its workers (the worker's parent, read from /proc:
+    torchrun tells its workers nothing of its arguments); None where there is none."""
+    agent = Path(f"/proc/{os.getppid()}/cmdline")
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not agent.is_file():
+        return None
+    return [os.fsdecode(arg) for arg in agent.read_bytes().split(b"\0") if arg]
+
+
 def launch_command() -> dict:
     """How this run was started: its Hydra overrides (a sweep point's own, wherever Hydra runs it: not the
-    ``.submitit/%j`` folder that submitit's wrapper gets as its argument) and, under torchrun, torchrun's command
-    line (the worker's parent, read from /proc: None where there is none)."""
+    ``.submitit/%j`` folder that submitit's wrapper gets as its argument), torchrun's command line (None outside
+    torchrun) and the launch script that ran torchrun, with its settings (None without one)."""
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else sys.argv[1:]
-    torchrun = None
-    agent = Path(f"/proc/{os.getppid()}/cmdline")
-    if "TORCHELASTIC_RUN_ID" in os.environ and agent.is_file():
-        torchrun = [os.fsdecode(arg) for arg in agent.read_bytes().split(b"\0") if arg]
-    return {"command": overrides, "torchrun": torchrun}
+    torchrun = torchrun_command()
+    script = os.environ.get(LAUNCH_SCRIPT_VARIABLE) if torchrun is not None else None
+    return {"command": overrides, "torchrun": torchrun, "script": script}
+
+
+def launcher_words() -> str:
+    """The start of the command line that launched this process, up to its training script, as shell words:
+    the launch script with its settings (scripts/launch_single_node.sh exports them), else torchrun with its
+    arguments, else python. Followed by this process's arguments it launches the same processes again."""
+    launch = launch_command()
+    if launch["script"]:
+        return launch["script"]
+    arguments, torchrun = sys.argv[1:], launch["torchrun"]
+    if torchrun is not None and torchrun[len(torchrun) - len(arguments):] == arguments:
+        return shlex.join(torchrun[:len(torchrun) - len(arguments)])
+    return shlex.join([sys.executable, sys.argv[0]])
 
 
 class ProvenanceWriteError(ValueError):

@@ -1,11 +1,18 @@
 """What a run tells of itself: how far it got (``Progress``), what it trains at its start (``opening_lines``), and
 how it ended, in a few lines at its end: steps done, best and final validation loss, where its state lies, and the
 commands that resume it and tabulate it."""
+import contextlib
+import logging
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from training.provenance import describe_launch
+
+log = logging.getLogger("train")
+# Set by scripts/reason_last.sh: the file that receives the run's resume line, which the script prints again last.
+RESUME_LINE_VARIABLE = "TRAIN_RESUME_LINE_FILE"
 
 
 @dataclass
@@ -61,3 +68,15 @@ def closing_summary(records: list[dict], progress: Progress, max_iters: int, run
             f"last checkpoint: {progress.checkpoint or 'none'} | run dir: {run_dir}",
             f"{again}: {resume}",
             f"table: python -m scripts.make_table {shlex.quote(str(tabulate_dir))}"]
+
+
+def tell_closing_summary(lines: list[str]) -> None:
+    """Log the closing lines; of a run that stopped before its end (``resume: ...``), hand the resume line to the
+    launch script that asked for it: torchrun ends a Ctrl-C or a SIGTERM with its own traceback, after which the
+    script prints the line again."""
+    for line in lines:
+        log.info(line)
+    path, stopped = os.environ.get(RESUME_LINE_VARIABLE), [line for line in lines if line.startswith("resume: ")]
+    if path and stopped:
+        with contextlib.suppress(OSError):  # the line is in the log already
+            Path(path).write_text(f"{stopped[0]}\n")

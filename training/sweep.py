@@ -8,13 +8,15 @@ import json
 import logging
 import os
 import shlex
+import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -25,8 +27,8 @@ from training.atomic import atomic_file
 from training.checkpoint import CheckpointReadError, CheckpointSaveError, UnreadableCheckpoints
 from training.distributed import DistributedContext, all_gather_objects, stop_with_message
 from training.divergence import TrainingDiverged
-from training.preemption import TerminatedEarlier
-from training.provenance import DifferentCodeOnRanks
+from training.preemption import TerminatedEarlier, received_signal
+from training.provenance import DifferentCodeOnRanks, launcher_words
 from training.run_dir import RunDirectoryError, RunDirectoryLock
 from training.summary import Progress
 
@@ -95,14 +97,27 @@ def in_sweep() -> bool:
 
 def resume_command() -> str:
     """The command that continues this run where it stopped; in a sweep, the whole sweep in its own directory
-    (finished points have nothing to do, the others resume from their checkpoints, failed ones are retried), as
-    the process that launched it wrote it into ``resume.sh``: a point that runs as a job of its own (submitit,
-    SLURM) was started by another program than ``train.py``."""
+    (finished points have nothing to do, the others resume from their checkpoints, failed ones are retried):
+    ``bash <sweep>/resume.sh``, which the process that launched it wrote (a point that runs as a job of its own,
+    submitit or SLURM, was started by another program than ``train.py``)."""
     hydra_cfg = HydraConfig.get()
     if not in_sweep():
-        return this_command_resumed(f"hydra.run.dir={hydra_cfg.run.dir}")
-    return (command_of_resume_script(Path(hydra_cfg.sweep.dir))
-            or this_command_resumed(f"hydra.sweep.dir={hydra_cfg.sweep.dir}"))
+        return this_command_resumed(f"hydra.run.dir={hydra_value(hydra_cfg.run.dir)}")
+    sweep_dir = Path(hydra_cfg.sweep.dir)
+    if has_resume_script(sweep_dir):
+        return shlex.join(["bash", str(sweep_dir / RESUME_SCRIPT)])
+    return this_command_resumed(f"hydra.sweep.dir={hydra_value(sweep_dir)}")
+
+
+def hydra_value(path) -> str:
+    """``path`` as the value of a Hydra override: quoted where it holds what Hydra's grammar reads otherwise (a
+    sweep point's directory name holds its overrides' ``=`` and ``,``)."""
+    text = str(path)
+    if re.fullmatch(r"[\w./:@%+~-]+", text):
+        return text
+    # Within quotes Hydra reads a backslash as an escape only before a quote (or the closing one).
+    escaped = re.sub(r"(\\*)(?='|$)", lambda run: run.group(1) * 2, text).replace("'", "\\'")
+    return f"'{escaped}'"
 
 
 TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "train.py"
@@ -120,16 +135,15 @@ def divergence_advice(run_dir: Path) -> str:
 def point_command(run_dir: Path) -> str:
     """The single run that continues this sweep point in its directory: train.py with the point's overrides."""
     overrides = [arg for arg in HydraConfig.get().overrides.task if not arg.lstrip("+~").startswith(LAUNCH_ARGUMENTS)]
-    # Quoted for Hydra: a point's directory name holds its overrides' "=" and ",".
-    quoted_dir = str(run_dir).replace("\\", "\\\\").replace("'", "\\'")
-    return shlex.join([sys.executable, str(TRAIN_SCRIPT), *overrides, f"hydra.run.dir='{quoted_dir}'",
+    return shlex.join([sys.executable, str(TRAIN_SCRIPT), *overrides, f"hydra.run.dir={hydra_value(run_dir)}",
                        "train.resume=true"])
 
 
 def this_command_resumed(where: str) -> str:
-    """This process's command line with its launch arguments replaced by ``where`` and ``train.resume=true``."""
+    """This process's command line with its launch arguments replaced by ``where`` and ``train.resume=true``,
+    started as this process was (under torchrun or a launch script: the same number of processes)."""
     kept = [arg for arg in sys.argv[1:] if not arg.lstrip("+~").startswith(LAUNCH_ARGUMENTS)]
-    return shlex.join([sys.executable, sys.argv[0], *kept, where, "train.resume=true"])
+    return f"{launcher_words()} {shlex.join([*kept, where, 'train.resume=true'])}"
 
 
 RESUME_SCRIPT_HEAD = ("#!/bin/sh\n# Resumes this sweep where it stopped: finished points are skipped, unfinished "
@@ -140,7 +154,7 @@ def write_resume_script(sweep_dir: Path) -> None:
     """Keep the sweep's resume command in its directory, where it is found once the terminal is gone (by the
     process that launches the sweep: it alone knows the command)."""
     script = sweep_dir / RESUME_SCRIPT
-    command = this_command_resumed(f"hydra.sweep.dir={sweep_dir}")
+    command = this_command_resumed(f"hydra.sweep.dir={hydra_value(sweep_dir)}")
     try:
         sweep_dir.mkdir(parents=True, exist_ok=True)
         with atomic_file(script) as f:
@@ -150,14 +164,12 @@ def write_resume_script(sweep_dir: Path) -> None:
         log.warning("could not write %s: %s", script, err)
 
 
-def command_of_resume_script(sweep_dir: Path) -> str | None:
-    """The command ``write_resume_script`` kept in ``sweep_dir``, or None where there is none to read."""
+def has_resume_script(sweep_dir: Path) -> bool:
+    """Whether ``sweep_dir`` holds the script that ``write_resume_script`` wrote, readable."""
     try:
-        text = (sweep_dir / RESUME_SCRIPT).read_text()
+        return (sweep_dir / RESUME_SCRIPT).read_text().startswith(RESUME_SCRIPT_HEAD)
     except OSError:
-        return None
-    _, separator, command = text.rstrip("\n").rpartition(" && exec ")
-    return command if text.startswith(RESUME_SCRIPT_HEAD) and separator else None
+        return False
 
 
 @contextlib.contextmanager
@@ -172,7 +184,7 @@ def failures_recorded(run_dir: Path) -> Iterator[Progress]:
     try:
         yield progress
     except TerminatedEarlier as err:
-        raise SystemExit("\n".join([*sweep_report(), f"error: {err}"])) from None
+        stop_sweep(f"{err}")
     except ERRORS_TOLD_IN_ONE_LINE as err:
         end_failed(run_dir, err, f"{err}", progress.step, sweep)
     except Exception as err:
@@ -245,6 +257,21 @@ class SweepOutcomes(Callback):
         _launched_sweep_dir = Path(config.hydra.sweep.dir)
         shutil.rmtree(_launched_sweep_dir / OUTCOMES_DIR, ignore_errors=True)
         write_resume_script(_launched_sweep_dir)
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        """A point that a signal stopped (at its checkpoint) in the process that launched the sweep ends the sweep
+        here, before Hydra announces the next point or makes its directory. (SystemExit, not an Exception:
+        Hydra turns an Exception from a callback into a warning.)"""
+        signal_name = received_signal()
+        if _launched_sweep_dir is not None and signal_name is not None:
+            stop_sweep(f"the sweep stopped on {signal_name} during {config.hydra.runtime.output_dir} (its checkpoint "
+                       f"holds its state); no further point starts. Finish every point (finished ones are skipped) "
+                       f"with: {resume_command()}")
+
+
+def stop_sweep(reason: str) -> NoReturn:
+    """End the sweep's process with the failed points so far, then ``reason``, as its last line."""
+    raise SystemExit("\n".join([*sweep_report(), f"error: {reason}"])) from None
 
 
 def point_ended(run_dir: Path, reason: str | None = None) -> None:

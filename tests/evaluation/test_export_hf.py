@@ -83,6 +83,23 @@ def test_exported_model_computes_our_logits_at_every_position(exported_random_mo
     torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=1e-5)
 
 
+def test_every_exported_file_is_readable_as_the_umask_allows_the_weights_too(exported_random_model):
+    _, directory = exported_random_model
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {path.name: oct(path.stat().st_mode & 0o777) for path in directory.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {oct(0o666 & ~umask)}, modes
+
+
+@pytest.mark.parametrize("documented", ["docs/evaluation.md", "evaluation/export_hf.py"])
+def test_the_documented_export_writes_where_git_ignores_it_so_later_launches_record_no_untracked_files(documented):
+    example = next(line for line in (REPO / documented).read_text().splitlines() if "evaluation.export_hf --" in line)
+    out = example.split("--out ", 1)[1].split()[0]
+    ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index", f"{out}/model.safetensors"],
+                             capture_output=True, text=True)
+    assert ignored.returncode == 0, f"{out} is not ignored by git: {ignored.stderr}"
+
+
 def test_exported_model_is_tied_float32_and_keeps_the_padded_vocabulary(exported_random_model):
     model, directory = exported_random_model
     exported = hf_causal_lm(directory)

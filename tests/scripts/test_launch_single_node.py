@@ -1,10 +1,15 @@
 """scripts/launch_single_node.sh with two CPU processes (Gloo): what a refused run leaves on screen."""
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
+
+from tests.training.test_distributed import ctrl_c_once_training, follow_resume_line, launches
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_size=2", "train.block_size=32",
@@ -42,4 +47,25 @@ def test_a_sigterm_to_the_script_reaches_every_rank_which_checkpoint_their_step(
     output = script.communicate(timeout=300)[0]
     assert "on a termination signal" in output and "resume: " in output, output
     assert list((run_dir / "checkpoints").glob("ckpt_*.pt")), output
+<<<<<<< HEAD
     assert script.returncode == 1, output
+=======
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_with_a_resume_line_that_reruns_the_script_with_the_same_process_count(tmp_path):
+    # torchrun ends a Ctrl-C with its own traceback: the script prints the run's resume line again after it.
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "NPROC": "2", "RUN_DIR": str(run_dir), "OMP_NUM_THREADS": "1",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    output = ctrl_c_once_training(["bash", "scripts/launch_single_node.sh", *SMALL, "train.max_iters=40",
+                                   "train.eval_iters=2", "train.eval_interval=20", "train.log_interval=1"],
+                                  run_dir, env)
+    last = output.splitlines()[-1]
+    assert "SignalException" in output and last.startswith("resume: NPROC=2 "), output
+    assert shlex.split(last)[2] == str(REPO / "scripts" / "launch_single_node.sh"), last
+    without_settings = {name: value for name, value in env.items() if name not in ("NPROC", "RUN_DIR")}
+    resumed = follow_resume_line(last, without_settings)  # the line alone says where and with how many processes
+    assert "2 processes | global batch 128 tokens" in resumed and "run finished at step 40 of 40" in resumed
+    assert [launch["world_size"] for launch in launches(run_dir)] == [2, 2]
+>>>>>>> sweep-resume

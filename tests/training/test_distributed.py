@@ -1,13 +1,18 @@
 """Data-parallel training with torchrun on the CPU (Gloo), as on a cluster but with 2 processes."""
 import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+
+from training.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_size=2", "train.block_size=32",
@@ -167,3 +172,43 @@ def test_a_refused_config_is_told_once_by_rank_0_and_is_torchruns_root_cause(tmp
     assert output.splitlines().count(message) == 1, output  # rank 0's line; rank 1 exits quietly
     assert f"traceback : {message}" in output  # torchrun's summary names it as the failure's root cause
     assert 'train.py", line' not in output  # no traceback of the workers
+
+
+def ctrl_c_once_training(command, run_dir, env=None) -> str:
+    """Run ``command`` as a terminal runs a job (its own process group) and press Ctrl-C once it trains: SIGINT to
+    the whole group, as the terminal sends it. Returns the job's output once it has ended."""
+    output = open(Path(run_dir).parent / f"{Path(run_dir).name}.out", "w+")
+    job = subprocess.Popen(command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    metrics, deadline = Path(run_dir) / "metrics.jsonl", time.monotonic() + 300
+    while '"train/loss"' not in (metrics.read_text() if metrics.exists() else ""):
+        assert job.poll() is None and time.monotonic() < deadline, "the run did not train"
+        time.sleep(0.1)
+    os.killpg(job.pid, signal.SIGINT)
+    job.wait(timeout=300)
+    output.seek(0)
+    return output.read()
+
+
+def follow_resume_line(line: str, env=None) -> str:
+    """Run a printed ``resume: ...`` line as a user would paste it into a shell; returns its output."""
+    result = subprocess.run(["bash", "-c", line.split("resume: ", 1)[1]], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout
+    return result.stdout
+
+
+def launches(run_dir) -> list[dict]:
+    return [r["launch"] for r in read_metrics(run_dir) if "launch" in r]
+
+
+@pytest.mark.slow
+def test_the_resume_line_after_ctrl_c_under_torchrun_resumes_with_torchrun_and_the_same_global_batch(tmp_path):
+    run_dir = tmp_path / "run"
+    output = ctrl_c_once_training([*TORCHRUN, "train.py", f"hydra.run.dir={run_dir}", *SMALL, "train.max_iters=40",
+                                   "train.eval_interval=20", "train.checkpoint_interval=40"], run_dir)
+    resume, = [line for line in output.splitlines() if "] - resume: " in line]
+    assert shlex.split(resume.split("resume: ")[1])[:5] == TORCHRUN, resume
+    resumed = follow_resume_line(resume)
+    assert "2 processes | global batch 128 tokens" in resumed, resumed
+    assert "run finished at step 40 of 40" in resumed, resumed
+    assert [launch["world_size"] for launch in launches(run_dir)] == [2, 2]

@@ -1,5 +1,6 @@
 """A local sweep (train.py -m) survives a bad point, resumes in its own directory and says how it ended."""
 import json
+import re
 import shlex
 import shutil
 import signal
@@ -79,12 +80,13 @@ def test_a_sweep_whose_points_run_as_jobs_of_their_own_reports_this_launchs_fail
     assert last_lines == [f"failed: {point(tmp_path, 1)}: gamma must be >= 0, got -0.1",
                           "1 of 2 sweep points failed (each one's failure.json says why); the others ran"]
     assert failure(point(tmp_path, 1))["kind"] == "refused" and last_step(point(tmp_path, 0)) == 2
-    # The resume command is the launching one (a job runs submitit's program, not train.py), in resume.sh and in
-    # each point's closing summary.
+    # The resume command is the launching one (a job runs submitit's program, not train.py), in resume.sh, which
+    # each point's closing summary names.
     command = (tmp_path / "resume.sh").read_text().splitlines()[-1].split(" && exec ")[1]
     assert shlex.split(command) == [sys.executable, "train.py", "-m", *TINY, *jobs, "optimizer.gamma=0.025,-0.1",
                                     f"hydra.sweep.dir={tmp_path}", "train.resume=true"], command
-    assert f"resume (raise train.max_iters to train on): {command}" in (point(tmp_path, 0) / "train.log").read_text()
+    assert (f"resume (raise train.max_iters to train on): bash {tmp_path}/resume.sh"
+            in (point(tmp_path, 0) / "train.log").read_text())
     # Later launches in the same directory report their own points only.
     resumed = subprocess.run(["sh", str(tmp_path / "resume.sh")], cwd=REPO, capture_output=True, text=True,
                              timeout=600)
@@ -125,7 +127,7 @@ def test_a_run_ends_with_a_summary_naming_its_losses_checkpoint_and_the_commands
 
 
 @pytest.mark.slow
-def test_an_interrupted_sweep_resumes_in_place_with_its_command_without_retraining_finished_points(tmp_path):
+def test_an_interrupted_sweep_starts_no_other_point_and_resumes_in_place_with_its_script_retraining_nothing(tmp_path):
     # Six points: one diverges (lr 1e8), one is refused (lr -1e-3); SIGINT once the second point trains.
     overrides = ["train.max_iters=6", "train.eval_interval=3", "train.checkpoint_interval=3",
                  "optimizer.lr=1e-3,2e-3,1e8,-1e-3,3e-3,4e-3"]
@@ -141,12 +143,18 @@ def test_an_interrupted_sweep_resumes_in_place_with_its_command_without_retraini
     first = point(tmp_path, 0)
     checkpoint_time = {path: path.stat().st_mtime_ns for path in first.glob("checkpoints/*.pt")}
     first_log = (first / "metrics.jsonl").read_text()
-    assert last_step(first) == 6 and not list(tmp_path.glob("5_*"))  # the sweep stopped part-way
+    # The sweep stopped after the interrupted point: the next one is neither announced nor given a directory.
+    output.seek(0)
+    log = output.read()
+    assert last_step(first) == 6 and point_names(tmp_path) == [first.name, point(tmp_path, 1).name], log
+    assert [int(index) for index in re.findall(r"\t#(\d+) : ", log)] == [0, 1], log  # Hydra's announcements
+    resume = f"bash {tmp_path}/resume.sh"
+    assert log.splitlines()[-1] == (f"error: the sweep stopped on SIGINT during {point(tmp_path, 1)} (its checkpoint "
+                                    "holds its state); no further point starts. Finish every point (finished ones "
+                                    f"are skipped) with: {resume}"), log
+    assert f"] - resume: {resume}\n" in log  # the interrupted point's closing summary names the same command
 
-    resume = shlex.split((tmp_path / "resume.sh").read_text().splitlines()[-1].split(" && exec ")[1])
-    assert resume[:3] == [sys.executable, "train.py", "-m"] and resume[-2:] == [f"hydra.sweep.dir={tmp_path}",
-                                                                                 "train.resume=true"]
-    result = subprocess.run(resume, cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(shlex.split(resume), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 1 and "2 of 6 sweep points failed" in result.stderr, result.stderr
     assert {path: path.stat().st_mtime_ns for path in first.glob("checkpoints/*.pt")} == checkpoint_time
     assert (first / "metrics.jsonl").read_text() == first_log  # finished: not retrained
@@ -349,3 +357,13 @@ def test_a_point_whose_overrides_make_a_name_too_long_for_the_file_system_runs_a
     again = subprocess.run(["sh", str(tmp_path / "resume.sh")], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr
     assert point_names(tmp_path) == sorted([long_point.name, short_point.name])  # the resume found the same two
+
+
+@pytest.mark.parametrize("path", ["/runs/plain-dir_1.5", "/sweep/3_optimizer.gamma=0.025,optimizer.lr=0.001",
+                                  "/odd/it's [here] {x} \\back", "/odd\\'s\\"])
+def test_a_directory_in_a_resume_line_reads_back_as_itself_through_hydras_override_grammar(path):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from training.sweep import hydra_value
+    [override] = OverridesParser.create().parse_overrides([f"hydra.run.dir={hydra_value(path)}"])
+    assert override.value() == path
