@@ -175,8 +175,9 @@ class RunDirectoryLock:
     def release(self) -> None:
         # Closing drops the flocks; run.lock stays (unlinking it would race a new holder).
         if self.file is not None:
-            self.file.close()
-            self.file = None
+            file, self.file = self.file, None
+            with contextlib.suppress(OSError):  # its close flushes what a full disk refused; the flock goes anyway
+                file.close()
         if self.directory is not None:
             os.close(self.directory)
             self.directory = None

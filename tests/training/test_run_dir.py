@@ -211,6 +211,33 @@ def test_a_run_directory_that_cannot_be_locked_is_one_line(tmp_path):
     assert "RunDirectoryError: cannot lock" in result.stderr and "Permission denied" in result.stderr, result.stderr
 
 
+@pytest.fixture
+def full_file_system(tmp_path):
+    """A real file system with no space left: a 1 MB tmpfs filled by a ballast file (mounting needs root, as CI
+    runs)."""
+    mount_point = tmp_path / "full"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a 1 MB tmpfs to fill (needs root): {mounted.stderr.strip()}")
+    try:
+        with open(mount_point / "ballast", "wb", buffering=0) as ballast, pytest.raises(OSError, match="No space left"):
+            while True:
+                ballast.write(b"\0" * 4096)
+                ballast.flush()
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_a_run_directory_on_a_full_file_system_is_one_line_naming_it_and_the_space(full_file_system):
+    run_dir = full_file_system / "run"
+    result = train(run_dir)
+    assert_one_line_error(result, f"cannot lock {run_dir} (No space left on device)", "space")
+    assert result.stderr.strip().splitlines()[-1].startswith("error: "), result.stderr
+
+
 def test_a_full_disk_during_a_save_removes_the_partial_file_keeps_the_previous_checkpoint_and_says_what_is_lost(
         tmp_path):
     assert train(tmp_path, "train.max_iters=2").returncode == 0
