@@ -8,6 +8,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -320,6 +321,26 @@ def test_a_fresh_start_is_refused_where_only_set_aside_records_of_a_run_are_left
     (tmp_path / leftover).write_text("left by the previous run")
     with pytest.raises(RunDirectoryError, match="already holds a run"):
         claim_for_fresh_start(tmp_path, overwrite=False)
+
+
+def test_logs_set_aside_by_resumes_whose_local_times_collide_are_all_kept(tmp_path, monkeypatch):
+    """A run died before its first checkpoint and was resumed, twice: an hour apart, the second time one time zone
+    further west (or across a DST fall-back), so that both logs were last written at the same local time."""
+    first_written = datetime.datetime(2026, 10, 25, 1, 30, tzinfo=datetime.timezone.utc).timestamp()
+    try:
+        for zone, written, log in (("UTC0", first_written, '{"step": 1}\n'),
+                                   ("UTC+1", first_written + 3600, '{"step": 2}\n'),  # UTC-1: same local time
+                                   ("UTC+1", first_written + 3600, '{"step": 3}\n')):  # and the same second
+            monkeypatch.setenv("TZ", zone)
+            time.tzset()
+            (tmp_path / "metrics.jsonl").write_text(log)
+            os.utime(tmp_path / "metrics.jsonl", (written, written))
+            prepare_run_dir(tmp_path, resume=True, overwrite=False)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    kept = sorted(path.read_text() for path in tmp_path.glob("metrics.before-restart-*.jsonl"))
+    assert kept == ['{"step": 1}\n', '{"step": 2}\n', '{"step": 3}\n']
 
 
 def test_resume_and_overwrite_together_are_refused_and_delete_nothing(tmp_path):
