@@ -8,6 +8,7 @@
 import contextlib
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -18,11 +19,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from configs.schema import grad_accum_steps_for, lr_decay_end, register_configs, validate
+from configs.user_dirs import ConfigSyntaxError, refuse_config_syntax_errors
 from data.corpora import take_data_dir_as_custom
 from data.loader import TokenBatches, build_batches
 from evaluation.hellaswag import training_items
 from model import GPT, GPTConfig
-from training.distributed import DistributedContext, all_gather_objects, distributed_session, wrap_data_parallel
+from training.distributed import (DistributedContext, all_gather_objects, distributed_session, stop_with_message,
+                                  wrap_data_parallel)
 from training.divergence import DivergenceGuard
 from training.finished import keep_finished_checkpoints, nothing_left_to_train
 from training.metrics import MetricsLogger, StepWindow, default_run_name, read_metrics
@@ -259,6 +262,10 @@ def read_step_scalars(loss: torch.Tensor, grad_norm: torch.Tensor, lookahead_nor
 
 
 if __name__ == "__main__":
+    try:
+        refuse_config_syntax_errors(sys.argv[1:])  # Hydra would stop on them with the parser's traceback
+    except ConfigSyntaxError as err:
+        stop_with_message(f"error: {err}", every_rank_meets_it=True)
     main()
     failed_points = sweep_report()
     if failed_points:

@@ -140,6 +140,22 @@ def test_non_finite_hyperparameters_are_refused_at_start(tmp_path, override):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before any step
 
 
+@pytest.mark.parametrize("where", ["--config-dir", "hydra.searchpath"])
+def test_a_yaml_syntax_error_in_the_users_own_config_is_named_by_file_line_and_column(tmp_path, where):
+    config_dir = tmp_path / "my-configs"
+    (config_dir / "optimizer").mkdir(parents=True)
+    mine = config_dir / "optimizer" / "mine.yaml"
+    mine.write_text("defaults:\n  - adamw\n  - _self_\nbetas: [0.9, 0.95\nlr: 0.001\n")  # the list is not closed
+    # Hydra takes its options before the overrides
+    added = [f"hydra.searchpath=[file://{config_dir}]"] if where == "hydra.searchpath" else [where, str(config_dir)]
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), *added, f"hydra.run.dir={tmp_path / 'run'}",
+                             *SMALL, "optimizer=mine"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                            env=environment({}))
+    assert_one_line(result, f"{mine} is not valid YAML", "line 5, column 3", "expected ',' or ']'",
+                    "line 4, column 8", "fix the syntax")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("device", ["foo", "mps"])
 def test_a_device_the_trainer_cannot_run_on_is_refused(tmp_path, device):
     assert_one_line(train(tmp_path / "run", f"train.device={device}"), f"train.device={device}", "cpu")
