@@ -81,7 +81,10 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
     hellaswag_items = training_items(t.hellaswag_file, t.hellaswag_items) if t.hellaswag_interval else []
     model, optimizer = build_model_and_optimizer(cfg, ctx)
     config_dict = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    resumed = resume_run(run_dir, t, config_dict, model, optimizer, ctx, progress) if t.resume else Resumed()
+    # What this launch reads: the tables tell two corpora (or two samples of one) apart by it, a resume other data.
+    data_read = {"train": train_batches.tokens.summary(), "val": val_batches.tokens.summary()}
+    resumed = (resume_run(run_dir, t, config_dict, data_read, model, optimizer, ctx, progress) if t.resume
+               else Resumed())
     start_step = progress.step
     if start_step >= t.max_iters:  # resumed at its end: nothing to train (resume_run said so)
         return
@@ -97,8 +100,6 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
     if resumed.changes:  # the log says from which step on the run ran with which changed settings
         metrics.record({"step": start_step, "resumed_from": str(progress.checkpoint),
                         "changed": {key: list(values) for key, values in resumed.changes.items()}})
-    # What this launch reads: the tables tell two corpora (or two samples of one) apart by it, wherever they lie.
-    data_read = {"train": train_batches.tokens.summary(), "val": val_batches.tokens.summary()}
     metrics.record_launch(start_step, "data", data_read)
     metrics.record_launch(start_step, "evaluation", {"sampling": t.eval_sampling.value, "batches": t.eval_iters,
                                                      "windows": t.eval_iters * t.batch_size})
@@ -157,7 +158,7 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
             metrics.log({"step": done, "tokens": progress.tokens,
                          **hellaswag_accuracy(model, hellaswag_items, autocast, ctx)})
         if checkpointing:
-            progress.checkpoint = save_run_checkpoint(run_dir, progress, model, optimizer, config_dict,
+            progress.checkpoint = save_run_checkpoint(run_dir, progress, model, optimizer, config_dict, data_read,
                                                       metrics.wandb_run_id, guard.skipped_steps,
                                                       t.keep_checkpoints, lock, ctx)
         if preempted:

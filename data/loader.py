@@ -21,6 +21,8 @@ Nothing is carried from one batch to the next, so a resumed run sees exactly the
 would have seen (the loader's position in a checkpoint is just the step), and the exact MARS scheme can draw
 the next step's batch ahead of time (``batch(step + 1, micro_step)``).
 """
+import hashlib
+import json
 import logging
 import re
 from collections.abc import Sequence
@@ -96,10 +98,11 @@ class ShardedTokens:
     """The shards of one split read as one token stream, without copying them into memory."""
 
     def __init__(self, shards: Sequence[np.ndarray], paths: list[Path] | None = None,
-                 source: str | None = None) -> None:
+                 source: str | None = None, fingerprint: str | None = None) -> None:
         self.shards = shards
         self.paths = paths or []
         self.source = source  # what the shards were made from, as their manifest says (None without one)
+        self.fingerprint = fingerprint  # see corpus_fingerprint (None in memory)
         # Shards on disk are opened only when read (ShardFiles): their lengths come from their headers.
         self.lengths = shards.lengths if isinstance(shards, ShardFiles) else [len(s) for s in shards]
         self.ends = np.cumsum(self.lengths)
@@ -114,8 +117,10 @@ class ShardedTokens:
         return f"{self.paths[0].parent}/ ({len(self.paths)} shards)" if self.paths else "(in memory)"
 
     def summary(self) -> dict:
-        """What a run records of the data it read: its size tells two corpora (or two samples of one) apart."""
-        return {"tokens": len(self), "shards": len(self.shards), "source": self.source}
+        """What a run records of the data it read: its size tells two corpora (or two samples of one) apart, its
+        fingerprint two of one size."""
+        return {"tokens": len(self), "shards": len(self.shards), "source": self.source,
+                "fingerprint": self.fingerprint}
 
     def read(self, start: int, length: int) -> np.ndarray:
         """Tokens ``[start, start + length)`` of the stream, across shard boundaries if need be."""
@@ -193,7 +198,17 @@ def load_split(data_dir: Path, split: str, vocab_size: int) -> ShardedTokens:
     if manifest is not None:
         _check_manifest(data_dir, split, paths, shards, manifest)
     _check_vocabulary(data_dir, split, paths, shards, manifest, vocab_size)
-    return ShardedTokens(shards, paths, source_label(manifest.get("source")) if manifest else None)
+    return ShardedTokens(shards, paths, source_label(manifest.get("source")) if manifest else None,
+                         corpus_fingerprint(shards, manifest))
+
+
+def corpus_fingerprint(shards: ShardFiles, manifest: dict | None) -> str:
+    """A short hash of what a split reads: its shards' names and token counts, and the manifest but for the command
+    that made it. A corpus swapped behind the same data.dir (a symlink re-pointed, a corpus prepared again) has
+    another one, wherever the directory lies."""
+    identity = {"shards": [[path.name, length] for path, length in zip(shards.paths, shards.lengths)],
+                "manifest": {key: value for key, value in (manifest or {}).items() if key != "command"}}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def source_label(source: dict | None) -> str | None:
