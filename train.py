@@ -24,6 +24,7 @@ from data.corpora import take_data_dir_as_custom
 from data.loader import TokenBatches, build_batches
 from evaluation.hellaswag import training_items
 from model import GPT, GPTConfig
+from training import memory
 from training.distributed import (DistributedContext, all_gather_objects, distributed_session, stop_with_message,
                                   wrap_data_parallel)
 from training.divergence import DivergenceGuard
@@ -132,7 +133,8 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
         train_loss, grad_norm, lookahead_norm, preempted = read_step_scalars(
             *step_scalars, preemption.received, train_batches, ctx)
         if guard.allows_update(step + 1, train_loss, grad_norm, progress.checkpoint, lookahead_norm):
-            optimizer.step()
+            with memory.optimizer_state(device):  # allocated in the first step
+                optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         progress.tokens += tokens_per_step
         done = progress.step = step + 1
@@ -190,7 +192,9 @@ def build_model_and_optimizer(cfg: DictConfig, ctx: DistributedContext) -> tuple
     stream."""
     t = cfg.train
     seed_everything(t.seed)
-    model = GPT(GPTConfig(**OmegaConf.to_container(cfg.model))).to(ctx.device)
+    model_config = GPTConfig(**OmegaConf.to_container(cfg.model))
+    with memory.model_weights(model_config.num_params(non_embedding=False), ctx.device):
+        model = GPT(model_config).to(ctx.device)
     model.loss_chunk_size = t.loss_chunk_size
     if t.zero1 and not ctx.enabled:
         log.info("train.zero1=true has nothing to shard in a single process: using the plain optimizer")
@@ -208,12 +212,13 @@ def compute_gradients(train_model, model: GPT, optimizer, batches: TokenBatches,
     remembered gradient that the next step corrects against.
     """
     lookahead_norm = torch.zeros((), device=batches.device)
-    if lookahead:
-        accumulate_gradients(train_model, batches, step + 1, t.grad_accum_steps, autocast, t.grad_multiplier)
-        lookahead_norm = clip_gradients(model, t.grad_clip)
-        local_optimizer(optimizer).stash_lookahead_grad()
-        optimizer.zero_grad(set_to_none=True)
-    loss = accumulate_gradients(train_model, batches, step, t.grad_accum_steps, autocast, t.grad_multiplier)
+    with memory.micro_batch(t.batch_size, t.block_size, batches.device):
+        if lookahead:
+            accumulate_gradients(train_model, batches, step + 1, t.grad_accum_steps, autocast, t.grad_multiplier)
+            lookahead_norm = clip_gradients(model, t.grad_clip)
+            local_optimizer(optimizer).stash_lookahead_grad()
+            optimizer.zero_grad(set_to_none=True)
+        loss = accumulate_gradients(train_model, batches, step, t.grad_accum_steps, autocast, t.grad_multiplier)
     return loss, clip_gradients(model, t.grad_clip), lookahead_norm
 
 
