@@ -8,6 +8,7 @@
 import contextlib
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -18,11 +19,14 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from configs.schema import grad_accum_steps_for, lr_decay_end, register_configs, validate
+from configs.user_dirs import ConfigSyntaxError, refuse_config_syntax_errors
 from data.corpora import take_data_dir_as_custom
 from data.loader import TokenBatches, build_batches
 from evaluation.hellaswag import training_items
 from model import GPT, GPTConfig
-from training.distributed import DistributedContext, all_gather_objects, distributed_session, wrap_data_parallel
+from training import memory
+from training.distributed import (DistributedContext, all_gather_objects, distributed_session, stop_with_message,
+                                  wrap_data_parallel)
 from training.divergence import DivergenceGuard, ValLossWatch, initial_val_loss
 from training.finished import keep_finished_checkpoints, nothing_left_to_train
 from training.metrics import MetricsLogger, StepWindow, default_run_name, read_metrics
@@ -78,7 +82,10 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
     hellaswag_items = training_items(t.hellaswag_file, t.hellaswag_items) if t.hellaswag_interval else []
     model, optimizer = build_model_and_optimizer(cfg, ctx)
     config_dict = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    resumed = resume_run(run_dir, t, config_dict, model, optimizer, ctx, progress) if t.resume else Resumed()
+    # What this launch reads: the tables tell two corpora (or two samples of one) apart by it, a resume other data.
+    data_read = {"train": train_batches.tokens.summary(), "val": val_batches.tokens.summary()}
+    resumed = (resume_run(run_dir, t, config_dict, data_read, model, optimizer, ctx, progress) if t.resume
+               else Resumed())
     start_step = progress.step
     if start_step >= t.max_iters:  # resumed at its end: nothing to train (resume_run said so)
         return
@@ -94,8 +101,6 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
     if resumed.changes:  # the log says from which step on the run ran with which changed settings
         metrics.record({"step": start_step, "resumed_from": str(progress.checkpoint),
                         "changed": {key: list(values) for key, values in resumed.changes.items()}})
-    # What this launch reads: the tables tell two corpora (or two samples of one) apart by it, wherever they lie.
-    data_read = {"train": train_batches.tokens.summary(), "val": val_batches.tokens.summary()}
     metrics.record_launch(start_step, "data", data_read)
     metrics.record_launch(start_step, "evaluation", {"sampling": t.eval_sampling.value, "batches": t.eval_iters,
                                                      "windows": t.eval_iters * t.batch_size})
@@ -129,7 +134,8 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
         train_loss, grad_norm, lookahead_norm, preempted = read_step_scalars(
             *step_scalars, preemption.received, train_batches, ctx)
         if guard.allows_update(step + 1, train_loss, grad_norm, progress.checkpoint, lookahead_norm):
-            optimizer.step()
+            with memory.optimizer_state(device):  # allocated in the first step
+                optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         progress.tokens += tokens_per_step
         done = progress.step = step + 1
@@ -154,7 +160,7 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
             metrics.log({"step": done, "tokens": progress.tokens,
                          **hellaswag_accuracy(model, hellaswag_items, autocast, ctx)})
         if checkpointing:
-            progress.checkpoint = save_run_checkpoint(run_dir, progress, model, optimizer, config_dict,
+            progress.checkpoint = save_run_checkpoint(run_dir, progress, model, optimizer, config_dict, data_read,
                                                       metrics.wandb_run_id, guard.skipped_steps,
                                                       t.keep_checkpoints, lock, ctx)
         if preempted:
@@ -194,7 +200,9 @@ def build_model_and_optimizer(cfg: DictConfig, ctx: DistributedContext) -> tuple
     stream."""
     t = cfg.train
     seed_everything(t.seed)
-    model = GPT(GPTConfig(**OmegaConf.to_container(cfg.model))).to(ctx.device)
+    model_config = GPTConfig(**OmegaConf.to_container(cfg.model))
+    with memory.model_weights(model_config.num_params(non_embedding=False), ctx.device):
+        model = GPT(model_config).to(ctx.device)
     model.loss_chunk_size = t.loss_chunk_size
     if t.zero1 and not ctx.enabled:
         log.info("train.zero1=true has nothing to shard in a single process: using the plain optimizer")
@@ -212,12 +220,13 @@ def compute_gradients(train_model, model: GPT, optimizer, batches: TokenBatches,
     remembered gradient that the next step corrects against.
     """
     lookahead_norm = torch.zeros((), device=batches.device)
-    if lookahead:
-        accumulate_gradients(train_model, batches, step + 1, t.grad_accum_steps, autocast, t.grad_multiplier)
-        lookahead_norm = clip_gradients(model, t.grad_clip)
-        local_optimizer(optimizer).stash_lookahead_grad()
-        optimizer.zero_grad(set_to_none=True)
-    loss = accumulate_gradients(train_model, batches, step, t.grad_accum_steps, autocast, t.grad_multiplier)
+    with memory.micro_batch(t.batch_size, t.block_size, batches.device):
+        if lookahead:
+            accumulate_gradients(train_model, batches, step + 1, t.grad_accum_steps, autocast, t.grad_multiplier)
+            lookahead_norm = clip_gradients(model, t.grad_clip)
+            local_optimizer(optimizer).stash_lookahead_grad()
+            optimizer.zero_grad(set_to_none=True)
+        loss = accumulate_gradients(train_model, batches, step, t.grad_accum_steps, autocast, t.grad_multiplier)
     return loss, clip_gradients(model, t.grad_clip), lookahead_norm
 
 
@@ -267,6 +276,10 @@ def read_step_scalars(loss: torch.Tensor, grad_norm: torch.Tensor, lookahead_nor
 
 
 if __name__ == "__main__":
+    try:
+        refuse_config_syntax_errors(sys.argv[1:])  # Hydra would stop on them with the parser's traceback
+    except ConfigSyntaxError as err:
+        stop_with_message(f"error: {err}", every_rank_meets_it=True)
     main()
     failed_points = sweep_report()
     if failed_points:

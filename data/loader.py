@@ -1,8 +1,8 @@
 """Batches of token windows from a directory of shards, each batch a pure function of its coordinates.
 
 A split is ``{split}.bin`` (the embedded corpus, nanoGPT's layout) or numbered shards ``{split}_000000.bin,
-...`` (``data.prepare``; llm.c's ``<name>_{split}_000001.bin`` too), memory-mapped and read as one stream in
-shard order. Three sampling modes:
+...`` (``data.prepare``; llm.c's ``<name>_{split}_000001.bin`` too), memory-mapped when read (a few at a time,
+within the limit of open files) and read as one stream in shard order. Three sampling modes:
 
 - ``random`` (nanoGPT, and the official MARS trainer on OpenWebText): each window starts at a uniformly random
   token, drawn from a generator seeded by (seed, split, step, global micro-batch index
@@ -21,8 +21,11 @@ Nothing is carried from one batch to the next, so a resumed run sees exactly the
 would have seen (the loader's position in a checkpoint is just the step), and the exact MARS scheme can draw
 the next step's batch ahead of time (``batch(step + 1, micro_step)``).
 """
+import hashlib
+import json
 import logging
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +34,7 @@ import torch
 from configs.schema import Sampling
 from data.corpora import HUB_CORPORA, default_directory, prepare_command
 from data.embedded import prepare_embedded
-from data.shards import MANIFEST_FILE, ShardError, read_manifest, read_shard, unreadable_as_shard_error
+from data.shards import MANIFEST_FILE, ShardError, ShardFiles, read_manifest, shard_length, unreadable_as_shard_error
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +97,16 @@ class TokenIdOutOfRange(ShardError):
 class ShardedTokens:
     """The shards of one split read as one token stream, without copying them into memory."""
 
-    def __init__(self, shards: list[np.ndarray], paths: list[Path] | None = None, source: str | None = None) -> None:
+    def __init__(self, shards: Sequence[np.ndarray], paths: list[Path] | None = None,
+                 source: str | None = None, fingerprint: str | None = None) -> None:
         self.shards = shards
         self.paths = paths or []
         self.source = source  # what the shards were made from, as their manifest says (None without one)
-        self.ends = np.cumsum([len(s) for s in shards])
-        self.starts = self.ends - [len(s) for s in shards]
+        self.fingerprint = fingerprint  # see corpus_fingerprint (None in memory)
+        # Shards on disk are opened only when read (ShardFiles): their lengths come from their headers.
+        self.lengths = shards.lengths if isinstance(shards, ShardFiles) else [len(s) for s in shards]
+        self.ends = np.cumsum(self.lengths)
+        self.starts = self.ends - self.lengths
 
     def __len__(self) -> int:
         return int(self.ends[-1])
@@ -110,14 +117,16 @@ class ShardedTokens:
         return f"{self.paths[0].parent}/ ({len(self.paths)} shards)" if self.paths else "(in memory)"
 
     def summary(self) -> dict:
-        """What a run records of the data it read: its size tells two corpora (or two samples of one) apart."""
-        return {"tokens": len(self), "shards": len(self.shards), "source": self.source}
+        """What a run records of the data it read: its size tells two corpora (or two samples of one) apart, its
+        fingerprint two of one size."""
+        return {"tokens": len(self), "shards": len(self.shards), "source": self.source,
+                "fingerprint": self.fingerprint}
 
     def read(self, start: int, length: int) -> np.ndarray:
         """Tokens ``[start, start + length)`` of the stream, across shard boundaries if need be."""
         shard = int(np.searchsorted(self.ends, start, side="right"))
         begin = start - (int(self.ends[shard - 1]) if shard else 0)
-        if begin + length <= len(self.shards[shard]):
+        if begin + length <= self.lengths[shard]:
             return self.shards[shard][begin : begin + length]
         pieces = []
         while length > 0:
@@ -128,8 +137,8 @@ class ShardedTokens:
         return np.concatenate(pieces)
 
 
-def _check_vocabulary(data_dir: Path, split: str, paths: list[Path], shards: list[np.ndarray], manifest: dict | None,
-                      vocab_size: int) -> None:
+def _check_vocabulary(data_dir: Path, split: str, paths: list[Path], shards: Sequence[np.ndarray],
+                      manifest: dict | None, vocab_size: int) -> None:
     if manifest is not None:
         if manifest["vocab_size"] > vocab_size:
             raise ValueError(
@@ -160,7 +169,7 @@ def _check_vocabulary(data_dir: Path, split: str, paths: list[Path], shards: lis
                  "of each shard only", data_dir, split)
 
 
-def _check_manifest(data_dir: Path, split: str, paths: list[Path], shards: list[np.ndarray], manifest: dict) -> None:
+def _check_manifest(data_dir: Path, split: str, paths: list[Path], shards: ShardFiles, manifest: dict) -> None:
     """The manifest is one of ``data.prepare`` and lists exactly the split's shards, token for token."""
     path = data_dir / MANIFEST_FILE
     missing = sorted(_MANIFEST_KEYS - manifest.keys())
@@ -172,9 +181,9 @@ def _check_manifest(data_dir: Path, split: str, paths: list[Path], shards: list[
     if unlisted:
         raise ValueError(f"{path} and the {split} shards on disk disagree about {', '.join(unlisted)}: "
                          "prepare the corpus again")
-    for shard_path, tokens in zip(paths, shards):
-        if len(tokens) != listed[shard_path.name]:
-            raise ValueError(f"{shard_path} holds {len(tokens)} tokens, but {path} lists {listed[shard_path.name]}: "
+    for shard_path, tokens in zip(paths, shards.lengths):
+        if tokens != listed[shard_path.name]:
+            raise ValueError(f"{shard_path} holds {tokens} tokens, but {path} lists {listed[shard_path.name]}: "
                              "prepare the corpus again")
 
 
@@ -185,11 +194,21 @@ def load_split(data_dir: Path, split: str, vocab_size: int) -> ShardedTokens:
         raise ValueError(f"the preparation of {data_dir} did not finish: rerun `{manifest.get('command')}` "
                          "to resume it")
     paths = split_files(data_dir, split)
-    shards = [read_shard(path) for path in paths]
+    shards = ShardFiles(paths, [shard_length(path) for path in paths])
     if manifest is not None:
         _check_manifest(data_dir, split, paths, shards, manifest)
     _check_vocabulary(data_dir, split, paths, shards, manifest, vocab_size)
-    return ShardedTokens(shards, paths, source_label(manifest.get("source")) if manifest else None)
+    return ShardedTokens(shards, paths, source_label(manifest.get("source")) if manifest else None,
+                         corpus_fingerprint(shards, manifest))
+
+
+def corpus_fingerprint(shards: ShardFiles, manifest: dict | None) -> str:
+    """A short hash of what a split reads: its shards' names and token counts, and the manifest but for the command
+    that made it. A corpus swapped behind the same data.dir (a symlink re-pointed, a corpus prepared again) has
+    another one, wherever the directory lies."""
+    identity = {"shards": [[path.name, length] for path, length in zip(shards.paths, shards.lengths)],
+                "manifest": {key: value for key, value in (manifest or {}).items() if key != "command"}}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def source_label(source: dict | None) -> str | None:
@@ -209,12 +228,12 @@ def source_label(source: dict | None) -> str | None:
 
 def _check_shards_hold_a_window(tokens: ShardedTokens, split: str, block_size: int) -> None:
     """``random_shard`` draws whole windows (block_size + 1 tokens with the target) from inside one shard."""
-    for k, shard in enumerate(tokens.shards):
-        if len(shard) < block_size + 1:
+    for k, length in enumerate(tokens.lengths):
+        if length < block_size + 1:
             name = tokens.paths[k] if tokens.paths else f"shard {k}"
             raise ValueError(
                 f"data.sampling=random_shard draws each window from inside one shard, but {name} of the {split} "
-                f"split holds {len(shard)} tokens, fewer than train.block_size {block_size} + 1: use "
+                f"split holds {length} tokens, fewer than train.block_size {block_size} + 1: use "
                 "data.sampling=random, or shards of at least that many tokens"
             )
 
@@ -263,9 +282,9 @@ class TokenBatches:
         global_micro_step = micro_step * self.world_size + self.rank
         rng = np.random.default_rng([self.seed, _SPLIT_IDS[self.split], step, global_micro_step])
         if self.sampling == Sampling.random_shard:
-            shard = rng.integers(len(self.tokens.shards))
-            shard_length = len(self.tokens.shards[shard])
-            return self.tokens.starts[shard] + rng.integers(0, shard_length - self.block_size, size=self.batch_size)
+            shard = rng.integers(len(self.tokens.lengths))
+            length = self.tokens.lengths[shard]
+            return self.tokens.starts[shard] + rng.integers(0, length - self.block_size, size=self.batch_size)
         return rng.integers(0, len(self.tokens) - self.block_size, size=self.batch_size)
 
     def batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

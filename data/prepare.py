@@ -40,6 +40,7 @@ the old corpus stays whole, and no old shard is left among the new ones.
 import argparse
 import bisect
 import functools
+import json
 import logging
 import multiprocessing
 import os
@@ -207,6 +208,9 @@ def files_source(paths: list[Path], text_column: str = "text") -> dict:
         raise ValueError("no input files given")
     formats = set()
     for path in paths:
+        if path.is_dir():
+            raise ValueError(f"input {path} is a directory: give the files in it, e.g. {path}/*.jsonl (one format "
+                             f"per run: {', '.join(FILE_FORMATS)})")
         if not path.is_file():
             raise FileNotFoundError(f"input file {path} does not exist")
         if path.suffix not in FILE_FORMATS:
@@ -238,12 +242,17 @@ def load_documents(source: dict) -> Iterator[str]:
         dataset = load_dataset(source["format"], data_files=[f["path"] for f in source["files"]], split="train",
                                streaming=True, **text_options)
     column = source["text_column"]
+    skipped, first_skipped = 0, None  # rows without text (a null, a number): left out, counted
     try:
-        for row in dataset:
+        for number, row in enumerate(dataset, 1):
             if column not in row:
                 raise ValueError(f"the documents have no column {column!r} (they have {sorted(row)}): "
                                  "pass --text-column")
-            yield row[column]
+            if isinstance(row[column], str):
+                yield row[column]
+            else:
+                skipped += 1
+                first_skipped = first_skipped or (number, row[column])
     except (ValueError, RuntimeError) as err:
         if "files" not in source or str(err).startswith("the documents have no column"):
             raise
@@ -252,6 +261,11 @@ def load_documents(source: dict) -> Iterator[str]:
         raise ValueError(f"could not read the documents of {names} ({' '.join(str(err).split())[:200]}): each file "
                          f"must be {source['format']} in UTF-8" + (f", one JSON object per line with a {column!r} "
                          "field" if source["format"] == "json" else "")) from None
+    if skipped:
+        number, value = first_skipped
+        log.warning("skipped %d row(s) whose %r is not a string, so holds no document (the first: row %d of the "
+                    "input, in the order the files were given, holds %s); they are left out of the corpus",
+                    skipped, column, number, json.dumps(value, default=str))
 
 
 def count_documents(source: dict) -> int:

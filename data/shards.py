@@ -8,9 +8,13 @@ A directory of shards made by ``data.prepare`` also holds ``manifest.json``: whe
 tokenizer and its vocabulary size, the largest token id, and every shard with its token count.
 """
 import contextlib
+import errno
 import getpass
 import json
 import os
+import resource
+from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +57,13 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
 def read_shard(path: str | os.PathLike) -> np.memmap:
     """Memory-map the tokens of a shard, after checking its header against its size."""
     path = Path(path)
+    num_tokens = shard_length(path)
+    with unreadable_as_shard_error(path):
+        return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(num_tokens,))
+
+
+def shard_length(path: Path) -> int:
+    """The number of tokens of a shard, after checking its header against its size (the file is not kept open)."""
     with unreadable_as_shard_error(path):
         if path.is_dir():
             raise ShardError(f"token shard {path} is a directory, not a shard file: move it out of the way, or "
@@ -76,8 +87,38 @@ def read_shard(path: str | os.PathLike) -> np.memmap:
         )
     if num_tokens == 0:
         raise ShardError(f"{path} holds no tokens")
-    with unreadable_as_shard_error(path):
-        return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(num_tokens,))
+    return num_tokens
+
+
+class ShardFiles(Sequence):
+    """The shards of a split, memory-mapped when read, at most ``max_open`` at a time (the least recently read
+    is closed first): each map holds a file descriptor, and a corpus of many shards would exceed the process's
+    limit of open files (``ulimit -n``)."""
+
+    def __init__(self, paths: list[Path], lengths: list[int], max_open: int | None = None) -> None:
+        self.paths, self.lengths = list(paths), list(lengths)
+        self.max_open = max_open or max_open_shards()
+        self._open: OrderedDict[int, np.memmap] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> np.memmap:
+        index = range(len(self.paths))[index]  # negative indices count from the end; past it: IndexError
+        if index in self._open:
+            self._open.move_to_end(index)
+            return self._open[index]
+        if len(self._open) >= self.max_open:
+            self._open.popitem(last=False)
+        shard = self._open[index] = read_shard(self.paths[index])
+        return shard
+
+
+def max_open_shards() -> int:
+    """How many shards a split keeps mapped: a quarter of the open-file limit, leaving room for the other split
+    and everything else the process opens, and at most 64."""
+    soft_limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(1, min(64, soft_limit // 4)) if soft_limit != resource.RLIM_INFINITY else 64
 
 
 @contextlib.contextmanager
@@ -88,8 +129,21 @@ def unreadable_as_shard_error(path: Path):
         yield
     except OSError as err:
         refused = err.filename or path
+        if err.errno == errno.EMFILE:
+            raise ShardError(f"cannot open {refused}: {too_many_open_files()}") from None
         raise ShardError(f"cannot read {refused} ({err.strerror or err}): make it readable to this user "
                          f"({getpass.getuser()}), or point data.dir at a copy that is") from None
+
+
+def too_many_open_files() -> str:
+    """What to do once this process has as many files open as its limit allows."""
+    soft_limit, hard_limit = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard_limit != resource.RLIM_INFINITY and hard_limit <= soft_limit:
+        return (f"this process has as many files open as its limit allows (ulimit -n: {soft_limit}, also the hard "
+                "limit): ask the administrator to raise it")
+    raised = 65536 if hard_limit == resource.RLIM_INFINITY else min(hard_limit, 65536)
+    return (f"this process has as many files open as its limit allows (ulimit -n: {soft_limit}): raise it, e.g. "
+            f"`ulimit -n {raised}` in the shell or job script that starts the run")
 
 
 def write_manifest(directory: str | os.PathLike, manifest: dict) -> None:

@@ -408,12 +408,14 @@ def data_label(data: dict | None) -> str:
 def changes_setting(key: str) -> bool:
     """Whether a change of a config key (``optimizer.lr``) on resume makes a run a setting of its own.
 
-    So does a change of a key of what :func:`load_run` calls a run's setting, and one of the seed or the data
-    (even of a named corpus' data.dir: fineweb-edu's 10B and 100B samples lie in two directories): the run
-    shares its first steps and initial weights with the seed it started as, and is no independent seed.
+    So does a change of a key of what :func:`load_run` calls a run's setting, of the global batch (a resume by
+    another number of processes), and one of the seed or the data (even of a named corpus' data.dir: fineweb-edu's
+    10B and 100B samples lie in two directories; or the shards read): the run shares its first steps and initial
+    weights with the seed it started as, and is no independent seed.
     """
     section, _, name = key.partition(".")
-    return section in ("model", "optimizer", "data") or (section == "train" and name in (*SETTING_KEYS, "seed"))
+    return section in ("model", "optimizer", "data") or (
+        section == "train" and name in (*SETTING_KEYS, "seed", "global_batch_size"))
 
 
 def corpus_of(data_cfg: dict) -> str:

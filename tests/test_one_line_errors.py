@@ -2,6 +2,7 @@
 cause and the fix: no traceback, a non-zero exit status, nothing saved lost. Each test provokes the real fault."""
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -117,6 +118,57 @@ def test_unreadable_data_is_refused_naming_the_file(tmp_path, corpus, unreadable
     assert str(corpus) in last
 
 
+@pytest.fixture
+def corpus_of_many_shards(tmp_path, corpus) -> Path:
+    """The embedded corpus cut into 48 train shards and 4 val shards (no manifest)."""
+    many = tmp_path / "many"
+    many.mkdir()
+    for split, count in (("train", 48), ("val", 4)):
+        for k, piece in enumerate(np.array_split(np.array(read_shard(corpus / f"{split}.bin")), count)):
+            write_shard(many / f"{split}_{k:06d}.bin", piece)
+    return many
+
+
+def limit_open_files(limit: int):
+    """A preexec_fn: the process may hold ``limit`` open files (``ulimit -n``)."""
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+
+def test_a_corpus_of_more_shards_than_the_open_file_limit_trains(tmp_path, corpus_of_many_shards):
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), f"hydra.run.dir={tmp_path / 'run'}", *SMALL,
+                             f"data.dir={corpus_of_many_shards}", "train.eval_iters=4"], cwd=REPO,
+                            capture_output=True, text=True, timeout=300, env=environment({}),
+                            preexec_fn=limit_open_files(32))
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert next(r["data"] for r in records if "data" in r)["train"]["shards"] == 48
+
+
+OPEN_FILES_UNTIL_THE_LIMIT = """
+import os, sys
+from pathlib import Path
+from data.loader import load_split
+held = []
+try:
+    while True:
+        held.append(open(os.devnull))
+except OSError:
+    pass
+held.pop().close()  # one descriptor left: enough to list the directory, not to keep a shard open beside it
+load_split(Path(sys.argv[1]), "train", 50257)
+"""
+
+
+def test_a_shard_that_the_open_file_limit_keeps_closed_says_to_raise_the_limit(tmp_path, corpus_of_many_shards):
+    result = subprocess.run([sys.executable, "-c", OPEN_FILES_UNTIL_THE_LIMIT, str(corpus_of_many_shards)],
+                            cwd=REPO, capture_output=True, text=True, timeout=300, env=environment({}),
+                            preexec_fn=limit_open_files(64))
+    last = result.stderr.strip().splitlines()[-1]
+    assert "cannot open" in last and "train_" in last, result.stderr
+    assert "as many files open as its limit allows (ulimit -n: 64): raise it, e.g. `ulimit -n " in last, last
+    assert "make it readable" not in last
+
+
 def out_of_date_manifest(corpus: Path, vocab_size: int) -> None:
     """Shards whose manifest promises ids below ``vocab_size`` while every fifth token is above it."""
     for name in ("train.bin", "val.bin"):
@@ -138,6 +190,22 @@ def test_non_finite_hyperparameters_are_refused_at_start(tmp_path, override):
     result = train(tmp_path / "run", override)
     assert_one_line(result, f"{override.split('=')[0]}=", "is not a finite number")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before any step
+
+
+@pytest.mark.parametrize("where", ["--config-dir", "hydra.searchpath"])
+def test_a_yaml_syntax_error_in_the_users_own_config_is_named_by_file_line_and_column(tmp_path, where):
+    config_dir = tmp_path / "my-configs"
+    (config_dir / "optimizer").mkdir(parents=True)
+    mine = config_dir / "optimizer" / "mine.yaml"
+    mine.write_text("defaults:\n  - adamw\n  - _self_\nbetas: [0.9, 0.95\nlr: 0.001\n")  # the list is not closed
+    # Hydra takes its options before the overrides
+    added = [f"hydra.searchpath=[file://{config_dir}]"] if where == "hydra.searchpath" else [where, str(config_dir)]
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), *added, f"hydra.run.dir={tmp_path / 'run'}",
+                             *SMALL, "optimizer=mine"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                            env=environment({}))
+    assert_one_line(result, f"{mine} is not valid YAML", "line 5, column 3", "expected ',' or ']'",
+                    "line 4, column 8", "fix the syntax")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("device", ["foo", "mps"])

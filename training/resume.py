@@ -123,9 +123,43 @@ def resume_from(ckpt: dict, checkpoint_path: Path, config_dict: dict, model, opt
         log.warning("the checkpoint was written by %d processes, this run has %d: the random streams "
                     "(dropout) restart from train.seed", len(rng_states), ctx.world_size)
     log.info("resumed from %s at step %d", checkpoint_path, ckpt["step"])
-    for key, (old, new) in changes.items():
-        log.info("changed on resume: %s %r -> %r (from step %d on)", key, old, new, ckpt["step"])
+    log_changes(changes, ckpt["step"])
     return changes
+
+
+def log_changes(changes: dict[str, tuple], step: int) -> None:
+    for key, (old, new) in changes.items():
+        log.info("changed on resume: %s %r -> %r (from step %d on)", key, old, new, step)
+
+
+def process_changes(ckpt: dict, train: dict, world_size: int) -> dict[str, tuple]:
+    """A resume by another number of processes (the checkpoint holds one random state per rank), and the global
+    batch (in sequences) it changes where ``train.global_batch_size`` does not hold it: ``train.grad_accum_steps``
+    counts micro-batches per process."""
+    saved_world_size = len(ckpt["rng"])
+    if saved_world_size == world_size:
+        return {}
+    saved = ckpt["config"]["train"]
+    saved_batch = saved["batch_size"] * saved["grad_accum_steps"] * saved_world_size
+    batch = train["batch_size"] * train["grad_accum_steps"] * world_size
+    changes = {"processes": (saved_world_size, world_size)}
+    if batch != saved_batch:
+        changes["train.global_batch_size"] = (saved_batch, batch)
+    return changes
+
+
+def data_changes(saved: dict | None, read: dict) -> dict[str, tuple]:
+    """The data this launch reads where it is not what the checkpoint's launches read, whatever the config says
+    (a symlinked data.dir re-pointed, a corpus prepared again); a checkpoint from before this record: unknown."""
+    if saved is None or saved == read:
+        return {}
+    return {"data": (data_in_words(saved), data_in_words(read))}
+
+
+def data_in_words(read: dict) -> str:
+    """``train 240,000 tokens in 12 shard(s), val 12,000 tokens in 1 shard(s) (fingerprint 3fa1..., ...)``."""
+    sizes = ", ".join(f"{split} {r['tokens']:,} tokens in {r['shards']} shard(s)" for split, r in read.items())
+    return f"{sizes} (fingerprint {', '.join(str(r.get('fingerprint')) for r in read.values())})"
 
 
 def find_resume_checkpoint(run_dir: Path, device: torch.device, ctx: DistributedContext) -> tuple[Path, dict] | None:
@@ -163,11 +197,13 @@ class Resumed:
     skipped_steps: int = 0
 
 
-def resume_run(run_dir: Path, t, config_dict: dict, model, optimizer, ctx: DistributedContext,
+def resume_run(run_dir: Path, t, config_dict: dict, data_read: dict, model, optimizer, ctx: DistributedContext,
                progress: Progress) -> Resumed:
     """Continue from the newest checkpoint in ``run_dir``: load it into ``model`` and ``optimizer`` and move
     ``progress`` to its step. Without one, the run starts from scratch. A checkpoint at ``train.max_iters`` or
-    past it leaves nothing to train: said here, and the caller stops."""
+    past it leaves nothing to train: said here, and the caller stops. Beside the config's changes, a resume by
+    another number of processes, or on other data (``data_read``: what this launch reads), is told and returned
+    as changes."""
     found = find_resume_checkpoint(run_dir, ctx.device, ctx)
     if found is None:
         refuse_a_point_kept_under_another_name(run_dir, config_dict)
@@ -175,6 +211,11 @@ def resume_run(run_dir: Path, t, config_dict: dict, model, optimizer, ctx: Distr
         return Resumed()
     checkpoint_path, ckpt = found
     changes = resume_from(ckpt, checkpoint_path, config_dict, model, optimizer, ctx)
+    launch = {**process_changes(ckpt, config_dict["train"], ctx.world_size),
+              **data_changes(ckpt.get("data"), data_read)}
+    launch = {key: values for key, values in launch.items() if key not in changes}  # the config's say it already
+    log_changes(launch, ckpt["step"])
+    changes.update(launch)
     if ctx.is_main:
         set_aside_checkpoints_after(run_dir, ckpt["step"])
     progress.step, progress.tokens, progress.checkpoint = ckpt["step"], ckpt["tokens"], checkpoint_path

@@ -12,10 +12,11 @@ from training.summary import Progress
 from training.sweep import divergence_advice, resume_command
 
 
-def save_run_checkpoint(run_dir: Path, progress: Progress, model, optimizer, config: dict, wandb_run_id: str | None,
-                        skipped_steps: int, keep: int, lock: RunDirectoryLock, ctx: DistributedContext) -> Path | None:
+def save_run_checkpoint(run_dir: Path, progress: Progress, model, optimizer, config: dict, data_read: dict,
+                        wandb_run_id: str | None, skipped_steps: int, keep: int, lock: RunDirectoryLock,
+                        ctx: DistributedContext) -> Path | None:
     """Write the checkpoint of ``progress.step`` and keep the newest ``keep``; returns its path (rank 0; None on
-    the other ranks).
+    the other ranks). ``data_read``: what the launch reads, which a resume compares with what it reads.
 
     Every rank raises alike when rank 0 could not write it (:class:`CheckpointSaveError`, saying how much work is
     lost) or found a NaN/inf in the state (:class:`TrainingDiverged`: such a checkpoint would be resumed from).
@@ -26,7 +27,7 @@ def save_run_checkpoint(run_dir: Path, progress: Progress, model, optimizer, con
     path, failure, diverged = None, None, None
     if ctx.is_main:
         state = {"model": model.state_dict(), "optimizer": optimizer_state, "step": step,
-                 "tokens": progress.tokens, "rng": rng_states, "config": config,
+                 "tokens": progress.tokens, "rng": rng_states, "config": config, "data": data_read,
                  "wandb_run_id": wandb_run_id, "skipped_steps": skipped_steps}
         non_finite = non_finite_entries(state["model"], optimizer_state)
         if non_finite:

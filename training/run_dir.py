@@ -175,8 +175,9 @@ class RunDirectoryLock:
     def release(self) -> None:
         # Closing drops the flocks; run.lock stays (unlinking it would race a new holder).
         if self.file is not None:
-            self.file.close()
-            self.file = None
+            file, self.file = self.file, None
+            with contextlib.suppress(OSError):  # its close flushes what a full disk refused; the flock goes anyway
+                file.close()
         if self.directory is not None:
             os.close(self.directory)
             self.directory = None
@@ -317,10 +318,13 @@ def set_aside_orphan_log(run_dir: Path) -> Path | None:
     metrics = Path(run_dir) / METRICS_FILE
     if not metrics.is_file() or metrics.stat().st_size == 0:
         return None
-    stamp = datetime.datetime.fromtimestamp(metrics.stat().st_mtime).strftime("%Y%m%d-%H%M%S")
-    kept = metrics.with_name(SET_ASIDE_LOG.format(stamp=stamp))
-    metrics.rename(kept)
-    return kept
+    # In UTC, which a change of time zone or a DST fall-back does not repeat; a counter parts logs of one second.
+    stamp = datetime.datetime.fromtimestamp(metrics.stat().st_mtime, datetime.timezone.utc).strftime("%Y%m%d-%H%M%SZ")
+    for attempt in itertools.count(1):
+        kept = metrics.with_name(SET_ASIDE_LOG.format(stamp=stamp if attempt == 1 else f"{stamp}-{attempt}"))
+        if not kept.exists():
+            metrics.rename(kept)
+            return kept
 
 
 def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:

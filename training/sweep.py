@@ -29,7 +29,7 @@ from training.distributed import DistributedContext, all_gather_objects, stop_wi
 from training.divergence import TrainingDiverged
 from training.preemption import TerminatedEarlier, received_signal
 from training.provenance import DifferentCodeOnRanks, launcher_words
-from training.run_dir import RunDirectoryError, RunDirectoryLock
+from training.run_dir import LogFileWriteError, RunDirectoryError, RunDirectoryLock
 from training.summary import Progress
 
 log = logging.getLogger("train")
@@ -228,7 +228,7 @@ def record_failure(run_dir: Path, err: BaseException, reason: str, step: int) ->
     try:
         lock.acquire()
     except (RunDirectoryError, OSError) as problem:
-        log.warning("the failure is not recorded in %s: %s", run_dir, problem)
+        warn_failure_not_recorded(run_dir, problem)
         return
     record = {"kind": failure_kind(err), "reason": reason, "step": step,
               "overrides": list(HydraConfig.get().overrides.task),
@@ -237,9 +237,15 @@ def record_failure(run_dir: Path, err: BaseException, reason: str, step: int) ->
         with atomic_file(Path(run_dir) / FAILURE_FILE) as f:
             json.dump(record, f, indent=1)
     except OSError as problem:
-        log.warning("the failure is not recorded in %s: %s", run_dir, problem)
+        warn_failure_not_recorded(run_dir, problem)
     finally:
         lock.release()
+
+
+def warn_failure_not_recorded(run_dir: Path, problem: Exception) -> None:
+    # A full disk refuses the job log there too (its handler then raises): the run's own error says enough.
+    with contextlib.suppress(LogFileWriteError):
+        log.warning("the failure is not recorded in %s: %s", run_dir, problem)
 
 
 def clear_failure(run_dir: Path) -> None:

@@ -22,6 +22,7 @@ import torch
 from configs.schema import EvalSampling
 from data.loader import TokenBatches
 from evaluation.hellaswag import correct_counts
+from training import memory
 from training.distributed import DistributedContext, sums_across_ranks
 from training.sweep import stop_alike_on_bad_token_ids
 
@@ -41,7 +42,7 @@ def estimate_val_loss(model, batches: TokenBatches, eval_iters: int, autocast, c
     local_batches = range(math.ceil((eval_iters - ctx.rank) / ctx.world_size))
     for k in local_batches:
         x, y = batches.batch(step=window_step, micro_step=k)
-        with autocast:
+        with memory.micro_batch(batches.batch_size, batches.block_size, batches.device), autocast:
             _, loss = model(x, y)
         total += loss.float()
     model.train()

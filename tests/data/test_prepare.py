@@ -192,6 +192,32 @@ def test_bad_input_files_are_named(tmp_path, name, message):
     assert name in str(err.value)
 
 
+def test_rows_whose_text_is_null_or_not_a_string_are_skipped_and_counted_in_one_line(tmp_path, english_documents,
+                                                                                     caplog):
+    rows = [{"text": text} for text in english_documents[:6]]
+    rows.insert(2, {"text": None})
+    rows.insert(5, {"text": 5})
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    main(["files", str(path), "--out", str(tmp_path / "out"), "--workers", "1", "--val-tokens", "1000"])
+    manifest = read_manifest(tmp_path / "out")
+    assert manifest["documents"] == 6
+    tokens = np.concatenate([split_tokens(tmp_path / "out", "val"), split_tokens(tmp_path / "out", "train")])
+    assert gpt2_encoding().decode(tokens.tolist()) == "".join(EOT + d for d in english_documents[:6])
+    skipped = [record.getMessage() for record in caplog.records if "skipped" in record.getMessage()]
+    assert len(skipped) == 1 and "\n" not in skipped[0], skipped
+    assert "skipped 2 row(s) whose 'text' is not a string" in skipped[0] and "row 3" in skipped[0], skipped
+
+
+def test_a_directory_given_as_input_file_is_named_as_one_with_what_is_accepted(tmp_path, jsonl_corpus):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["files", str(jsonl_corpus.parent), "--out", str(tmp_path / "out"), "--workers", "1"])
+    message = exit_info.value.code
+    assert message.startswith(f"error: input {jsonl_corpus.parent} is a directory: give the files in it"), message
+    assert f"{jsonl_corpus.parent}/*.jsonl" in message and ".parquet" in message and "\n" not in message
+    assert not (tmp_path / "out").exists()
+
+
 def test_command_line_prepares_files_and_records_the_command(tmp_path, jsonl_corpus, prepared_dir,
                                                              prepare_settings):
     out = tmp_path / "out"

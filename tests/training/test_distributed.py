@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from scripts.runs import load_run
 from training.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -161,6 +162,23 @@ def test_zero1_run_resumes_exactly_from_its_gathered_checkpoint(tmp_path):
     resumed, _ = run([*TORCHRUN, "train.py"], tmp_path, "train.zero1=true", "train.checkpoint_interval=2",
                      "train.resume=true")
     assert losses(resumed, "train/loss") == losses(full, "train/loss")
+
+
+@pytest.mark.slow
+def test_a_run_resumed_by_more_processes_records_the_global_batch_it_doubles(tmp_path):
+    run([sys.executable, "train.py"], tmp_path, "train.grad_accum_steps=2")  # 2 x 2 accumulation x 1 process
+    resumed = subprocess.run([*TORCHRUN, "train.py", f"hydra.run.dir={tmp_path}", *SMALL, "train.grad_accum_steps=2",
+                              "train.max_iters=6", "train.resume=true"], cwd=REPO, capture_output=True, text=True,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "changed on resume: train.global_batch_size 4 -> 8 (from step 4 on)" in resumed.stdout, resumed.stdout
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    event = next(r for r in records if "changed" in r)
+    assert event["step"] == 4
+    assert event["changed"] == {"processes": [1, 2], "train.global_batch_size": [4, 8], "train.max_iters": [4, 6]}
+    # The tables keep the run apart from its seeds for the batch, not only for train.max_iters.
+    changed_on_resume = json.loads(load_run(tmp_path).setting)["changed_on_resume"]
+    assert changed_on_resume[0]["changed"]["train.global_batch_size"] == [4, 8]
 
 
 def test_a_refused_config_is_told_once_by_rank_0_and_is_torchruns_root_cause(tmp_path):

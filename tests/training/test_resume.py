@@ -8,8 +8,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from data.embedded import prepare_embedded
+from data.shards import read_shard, write_shard
+from scripts.runs import load_run
 from training.checkpoint import latest_checkpoint
 from training.metrics import LAUNCH_KEYS, read_metrics
 
@@ -154,6 +158,31 @@ def test_a_hyperparameter_changed_on_resume_takes_effect_and_is_recorded(tmp_pat
     event = next(r for r in records if "changed" in r)
     assert event["step"] == 8 and list(event["changed"]) == [key]
     assert event["changed"][key][1] == new_value
+
+
+@pytest.mark.slow
+def test_shards_swapped_behind_an_unchanged_data_dir_are_told_and_recorded_as_changed_data(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    shutil.copytree(prepare_embedded(), first)
+    second.mkdir()  # another corpus: half the first one's training tokens, in two shards, no manifest
+    for k, piece in enumerate(np.array_split(np.array(read_shard(first / "train.bin"))[:700_000], 2)):
+        write_shard(second / f"train_{k:06d}.bin", piece)
+    shutil.copy(first / "val.bin", second / "val.bin")
+    data_dir = tmp_path / "data"
+    data_dir.symlink_to(first)
+    run_dir, data = tmp_path / "run", ["data=custom", f"data.dir={data_dir}", "train.keep_checkpoints=4"]
+    complete_run(run_dir, *data)
+    interrupted = interrupted_copy(run_dir, tmp_path, "interrupted")
+    data_dir.unlink()
+    data_dir.symlink_to(second)  # re-pointed before the resume; the config is the same
+    result = subprocess.run(command(interrupted, *data, "train.resume=true"), cwd=REPO, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "changed on resume: data 'train 1,4" in result.stdout and "-> 'train 700,000 tokens in 2 shard(s)" in (
+        result.stdout), result.stdout
+    event = next(r for r in read_metrics(interrupted) if "changed" in r)
+    assert event["step"] == 8 and list(event["changed"]) == ["data"]
+    assert load_run(interrupted).setting != load_run(run_dir).setting  # a setting of its own for the tables
 
 
 @pytest.mark.parametrize("change, key", [

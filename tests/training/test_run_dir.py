@@ -8,6 +8,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -211,6 +212,33 @@ def test_a_run_directory_that_cannot_be_locked_is_one_line(tmp_path):
     assert "RunDirectoryError: cannot lock" in result.stderr and "Permission denied" in result.stderr, result.stderr
 
 
+@pytest.fixture
+def full_file_system(tmp_path):
+    """A real file system with no space left: a 1 MB tmpfs filled by a ballast file (mounting needs root, as CI
+    runs)."""
+    mount_point = tmp_path / "full"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a 1 MB tmpfs to fill (needs root): {mounted.stderr.strip()}")
+    try:
+        with open(mount_point / "ballast", "wb", buffering=0) as ballast, pytest.raises(OSError, match="No space left"):
+            while True:
+                ballast.write(b"\0" * 4096)
+                ballast.flush()
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_a_run_directory_on_a_full_file_system_is_one_line_naming_it_and_the_space(full_file_system):
+    run_dir = full_file_system / "run"
+    result = train(run_dir)
+    assert_one_line_error(result, f"cannot lock {run_dir} (No space left on device)", "space")
+    assert result.stderr.strip().splitlines()[-1].startswith("error: "), result.stderr
+
+
 def test_a_full_disk_during_a_save_removes_the_partial_file_keeps_the_previous_checkpoint_and_says_what_is_lost(
         tmp_path):
     assert train(tmp_path, "train.max_iters=2").returncode == 0
@@ -293,6 +321,26 @@ def test_a_fresh_start_is_refused_where_only_set_aside_records_of_a_run_are_left
     (tmp_path / leftover).write_text("left by the previous run")
     with pytest.raises(RunDirectoryError, match="already holds a run"):
         claim_for_fresh_start(tmp_path, overwrite=False)
+
+
+def test_logs_set_aside_by_resumes_whose_local_times_collide_are_all_kept(tmp_path, monkeypatch):
+    """A run died before its first checkpoint and was resumed, twice: an hour apart, the second time one time zone
+    further west (or across a DST fall-back), so that both logs were last written at the same local time."""
+    first_written = datetime.datetime(2026, 10, 25, 1, 30, tzinfo=datetime.timezone.utc).timestamp()
+    try:
+        for zone, written, log in (("UTC0", first_written, '{"step": 1}\n'),
+                                   ("UTC+1", first_written + 3600, '{"step": 2}\n'),  # UTC-1: same local time
+                                   ("UTC+1", first_written + 3600, '{"step": 3}\n')):  # and the same second
+            monkeypatch.setenv("TZ", zone)
+            time.tzset()
+            (tmp_path / "metrics.jsonl").write_text(log)
+            os.utime(tmp_path / "metrics.jsonl", (written, written))
+            prepare_run_dir(tmp_path, resume=True, overwrite=False)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    kept = sorted(path.read_text() for path in tmp_path.glob("metrics.before-restart-*.jsonl"))
+    assert kept == ['{"step": 1}\n', '{"step": 2}\n', '{"step": 3}\n']
 
 
 def test_resume_and_overwrite_together_are_refused_and_delete_nothing(tmp_path):
