@@ -51,15 +51,46 @@ def estimate_val_loss(model, batches: TokenBatches, eval_iters: int, autocast, c
     return loss_sum / eval_iters
 
 
-def validation_losses(model, batches: TokenBatches, eval_iters: int, sampling: EvalSampling, step: int, autocast,
-                      ctx: DistributedContext) -> dict[str, float]:
+def validation_losses(model, train_batches: TokenBatches, val_batches: TokenBatches, eval_iters: int,
+                      sampling: EvalSampling, step: int, autocast, ctx: DistributedContext) -> dict[str, float]:
     """The evaluation's metrics: ``val/loss`` by the configured procedure, and ``val/loss_fixed`` besides when
-    that procedure is ``fresh``."""
-    fixed = estimate_val_loss(model, batches, eval_iters, autocast, ctx)
+    that procedure is ``fresh``; under ``data.draws=authors``, ``val/loss`` and ``train/loss_estimate`` are the
+    authors' estimates (``authors_estimates``)."""
+    fixed = estimate_val_loss(model, val_batches, eval_iters, autocast, ctx)
     if EvalSampling(sampling) == EvalSampling.fixed:
         return {"val/loss": fixed}
-    fresh = estimate_val_loss(model, batches, eval_iters, autocast, ctx, window_step=step)
+    if train_batches.draws is not None:
+        return {**authors_estimates(model, train_batches, val_batches, eval_iters, step, autocast, ctx),
+                "val/loss_fixed": fixed}
+    fresh = estimate_val_loss(model, val_batches, eval_iters, autocast, ctx, window_step=step)
     return {"val/loss": fresh, "val/loss_fixed": fixed}
+
+
+@torch.no_grad()
+def authors_estimates(model, train_batches: TokenBatches, val_batches: TokenBatches, eval_iters: int, step: int,
+                      autocast, ctx: DistributedContext) -> dict[str, float]:
+    """The authors' ``estimate_loss`` (``MARS/train_mars.py:235-248``): rank 0 alone scores ``eval_iters``
+    batches of the train split, then ``eval_iters`` of the val split, drawn by its generator in their order
+    (``AuthorsDraws.evaluation_starts``); the other ranks draw nothing and wait for the result.
+
+    The train-split figure is ``train/loss_estimate``, apart from the training loss of the steps (``train/loss``).
+    """
+    losses = torch.zeros(2, eval_iters, device=val_batches.device)  # float32 means, as theirs
+    if ctx.is_main:
+        model = getattr(model, "module", model)  # rank 0 alone: no DDP forward, which would wait for the others
+        model.eval()
+        for split, (batches, starts) in enumerate(zip((train_batches, val_batches),
+                                                      train_batches.draws.evaluation_starts(step, eval_iters))):
+            for k, window_starts in enumerate(starts):
+                x, y = batches.batch_at(window_starts)
+                with autocast:
+                    _, losses[split, k] = model(x, y)
+        model.train()
+    met_bad_ids = [float(batches.bad_token_position is not None) for batches in (train_batches, val_batches)]
+    train_loss, val_loss, *ranks_with_bad_ids = sums_across_ranks([*losses.mean(dim=1).tolist(), *met_bad_ids], ctx)
+    for batches, ranks in zip((train_batches, val_batches), ranks_with_bad_ids):
+        stop_alike_on_bad_token_ids(batches, ranks, ctx)
+    return {"train/loss_estimate": train_loss, "val/loss": val_loss}
 
 
 def hellaswag_accuracy(model, items: list, autocast, ctx: DistributedContext) -> dict[str, float]:

@@ -1,0 +1,106 @@
+"""data.draws=authors: a real train.py run reads the windows the MARS authors' trainers draw, in their order.
+
+The expected windows come from a transcription of their draw order (AGI-Arena/MARS at 4831e28): seed 5000 +
+rank, the model's initialisation (tests/model/test_gpt.py's transcription of their model), the batches drawn
+before the loop, then at each step the evaluation (rank 0: the train split, then the val split) followed by the
+batches that replace those the step reads. The runs train at a learning rate too small to move a float32
+weight, so every logged loss is the initial model's loss on the windows of its step: a window drawn out of
+order changes it.
+"""
+import json
+import subprocess
+import sys
+from collections import deque
+from pathlib import Path
+
+import pytest
+import torch
+
+from data.embedded import prepare_embedded
+from data.loader import load_split
+from model import GPT, GPTConfig
+from tests.model.test_gpt import initial_weights_in_the_authors_order
+from training.metrics import read_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+BATCH, BLOCK, ACCUMULATION, EVAL_ITERS, EVAL_INTERVAL, STEPS = 2, 32, 2, 2, 2, 4
+MODEL = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=256, vocab_size=50304,
+                  scale_attn_by_inverse_layer_idx=True, activation="gelu_tanh")
+FROZEN = ["optimizer.lr=1e-30", "train.min_lr=0", "train.warmup_iters=0"]  # no float32 weight moves
+SETTINGS = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.dropout=0.0", f"train.batch_size={BATCH}",
+            f"train.block_size={BLOCK}", f"train.grad_accum_steps={ACCUMULATION}", f"train.eval_iters={EVAL_ITERS}",
+            f"train.eval_interval={EVAL_INTERVAL}", f"train.max_iters={STEPS}", "train.log_interval=1",
+            "train.seed=5000", "train.device=cpu", "data.draws=authors", "train.eval_sampling=fresh",
+            "wandb.mode=disabled"]
+
+
+def their_windows(train_tokens: int, val_tokens: int, ahead: int, rank: int = 0):
+    """(the window starts of each step's micro-batches, {step: (train-split starts, val-split starts)}) as their
+    trainer draws them: ``ahead`` batches before the loop (MARS, MARS-M: a step's; AdamW, Muon, Moonlight: one),
+    each micro-batch then read from the front of that queue and replaced by a new draw at its back."""
+    initial_weights_in_the_authors_order(MODEL, seed=5000 + rank)  # seeds, and draws as their GPT(...) does
+
+    def draw(tokens):
+        return torch.randint(tokens - BLOCK, (BATCH,))
+
+    queue = deque(draw(train_tokens) for _ in range(ahead))
+    steps, evaluations = [], {}
+    for step in range(STEPS + 1):
+        if step % EVAL_INTERVAL == 0 and rank == 0:
+            evaluations[step] = ([draw(train_tokens) for _ in range(EVAL_ITERS)],
+                                 [draw(val_tokens) for _ in range(EVAL_ITERS)])
+        micro_batches = []
+        for _ in range(ACCUMULATION):
+            micro_batches.append(queue.popleft())
+            queue.append(draw(train_tokens))
+        steps.append(micro_batches)
+    return steps, evaluations
+
+
+def losses_on(model, tokens, starts_per_batch) -> list[torch.Tensor]:
+    losses = []
+    for starts in starts_per_batch:
+        windows = torch.stack([torch.from_numpy(tokens.read(int(s), BLOCK + 1).astype("int64")) for s in starts])
+        losses.append(model(windows[:, :-1].contiguous(), windows[:, 1:].contiguous())[1])
+    return losses
+
+
+@torch.no_grad()
+def expected_metrics(ahead: int) -> tuple[dict, dict]:
+    """({step: train/loss}, {step: (train/loss_estimate, val/loss)}) of the initial model on their windows."""
+    corpus = prepare_embedded()
+    train, val = load_split(corpus, "train", MODEL.vocab_size), load_split(corpus, "val", MODEL.vocab_size)
+    steps, evaluations = their_windows(len(train), len(val), ahead)
+    torch.manual_seed(5000)
+    model = GPT(MODEL)
+    train_losses = {}
+    for step, micro_batches in enumerate(steps[:STEPS]):
+        total = torch.zeros(())
+        for loss in losses_on(model, train, micro_batches):
+            total += loss
+        train_losses[step + 1] = (total.double() / ACCUMULATION).item()
+    estimates = {step: (torch.stack(losses_on(model, train, train_starts)).mean().item(),
+                        torch.stack(losses_on(model, val, val_starts)).mean().item())
+                 for step, (train_starts, val_starts) in evaluations.items()}
+    return train_losses, estimates
+
+
+def run(run_dir, *overrides) -> list[dict]:
+    result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", *SETTINGS, *overrides],
+                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return read_metrics(run_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer, ahead", [
+    (["optimizer=mars-adamw", "optimizer.lr_1d=1e-30"], ACCUMULATION),  # MARS/train_mars.py:275-280
+    (["optimizer=mars-adamw", "optimizer.lr_1d=1e-30", "optimizer.is_approx=false"], ACCUMULATION),
+    (["optimizer=adamw"], 1),  # MARS/train_adamw.py:263
+], ids=["mars-approx", "mars-exact-lookahead", "adamw"])
+def test_a_run_reads_the_windows_their_trainer_draws_in_their_order(tmp_path, optimizer, ahead):
+    records = run(tmp_path, *optimizer, *FROZEN)
+    train_losses, estimates = expected_metrics(ahead)
+    assert {r["step"]: r["train/loss"] for r in records if "train/loss" in r} == train_losses
+    logged = {r["step"]: (r["train/loss_estimate"], r["val/loss"]) for r in records if "val/loss" in r}
+    assert logged == estimates
