@@ -7,7 +7,6 @@ batches that replace those the step reads. The runs train at a learning rate too
 weight, so every logged loss is the initial model's loss on the windows of its step: a window drawn out of
 order changes it.
 """
-import json
 import subprocess
 import sys
 from collections import deque
@@ -65,28 +64,33 @@ def losses_on(model, tokens, starts_per_batch) -> list[torch.Tensor]:
     return losses
 
 
+def step_loss(model, tokens, micro_batches) -> float:
+    """A step's training loss as the loop sums it: float32 over the micro-batches, the mean in float64."""
+    total = torch.zeros(())
+    for loss in losses_on(model, tokens, micro_batches):
+        total += loss
+    return (total.double() / ACCUMULATION).item()
+
+
 @torch.no_grad()
-def expected_metrics(ahead: int) -> tuple[dict, dict]:
-    """({step: train/loss}, {step: (train/loss_estimate, val/loss)}) of the initial model on their windows."""
+def expected_metrics(ahead: int, world_size: int = 1) -> tuple[dict, dict]:
+    """({step: train/loss}, {step: (train/loss_estimate, val/loss)}) of the initial model on their windows: the
+    training loss the mean over the ranks, the estimates rank 0's."""
     corpus = prepare_embedded()
     train, val = load_split(corpus, "train", MODEL.vocab_size), load_split(corpus, "val", MODEL.vocab_size)
-    steps, evaluations = their_windows(len(train), len(val), ahead)
-    torch.manual_seed(5000)
+    windows = [their_windows(len(train), len(val), ahead, rank) for rank in range(world_size)]
+    torch.manual_seed(5000)  # rank 0's weights, which DDP hands every rank
     model = GPT(MODEL)
-    train_losses = {}
-    for step, micro_batches in enumerate(steps[:STEPS]):
-        total = torch.zeros(())
-        for loss in losses_on(model, train, micro_batches):
-            total += loss
-        train_losses[step + 1] = (total.double() / ACCUMULATION).item()
+    train_losses = {step + 1: sum(step_loss(model, train, steps[step]) for steps, _ in windows) / world_size
+                    for step in range(STEPS)}
     estimates = {step: (torch.stack(losses_on(model, train, train_starts)).mean().item(),
                         torch.stack(losses_on(model, val, val_starts)).mean().item())
-                 for step, (train_starts, val_starts) in evaluations.items()}
+                 for step, (train_starts, val_starts) in windows[0][1].items()}
     return train_losses, estimates
 
 
-def run(run_dir, *overrides) -> list[dict]:
-    result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", *SETTINGS, *overrides],
+def run(run_dir, *overrides, launcher=(sys.executable,)) -> list[dict]:
+    result = subprocess.run([*launcher, "train.py", f"hydra.run.dir={run_dir}", *SETTINGS, *overrides],
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     return read_metrics(run_dir)
@@ -104,3 +108,12 @@ def test_a_run_reads_the_windows_their_trainer_draws_in_their_order(tmp_path, op
     assert {r["step"]: r["train/loss"] for r in records if "train/loss" in r} == train_losses
     logged = {r["step"]: (r["train/loss_estimate"], r["val/loss"]) for r in records if "val/loss" in r}
     assert logged == estimates
+
+
+@pytest.mark.slow
+def test_under_ddp_each_rank_draws_from_its_own_seed_and_rank_0_alone_evaluates(tmp_path):
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
+    records = run(tmp_path, "optimizer=mars-adamw", "optimizer.lr_1d=1e-30", *FROZEN, launcher=torchrun)
+    train_losses, estimates = expected_metrics(ACCUMULATION, world_size=2)
+    assert {r["step"]: r["train/loss"] for r in records if "train/loss" in r} == train_losses
+    assert {r["step"]: (r["train/loss_estimate"], r["val/loss"]) for r in records if "val/loss" in r} == estimates
