@@ -9,6 +9,7 @@ order changes it.
 """
 import subprocess
 import sys
+import random
 from collections import deque
 from pathlib import Path
 
@@ -33,25 +34,32 @@ SETTINGS = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.dropo
             "wandb.mode=disabled"]
 
 
-def their_windows(train_tokens: int, val_tokens: int, ahead: int, rank: int = 0):
+def their_windows(train, val, ahead: int, rank: int = 0, by_shard: bool = False):
     """(the window starts of each step's micro-batches, {step: (train-split starts, val-split starts)}) as their
     trainer draws them: ``ahead`` batches before the loop (MARS, MARS-M: a step's; AdamW, Muon, Moonlight: one),
-    each micro-batch then read from the front of that queue and replaced by a new draw at its back."""
+    each micro-batch then read from the front of that queue and replaced by a new draw at its back. ``by_shard``:
+    their FineWeb-Edu trainers, which pick each training batch's shard with Python's generator and draw the val
+    batches from the first val shard (MARS/train_mars_fw.py:135-149)."""
     initial_weights_in_the_authors_order(MODEL, seed=5000 + rank)  # seeds, and draws as their GPT(...) does
+    shard_picker = random.Random(5000 + rank)
 
-    def draw(tokens):
-        return torch.randint(tokens - BLOCK, (BATCH,))
+    def draw(tokens, shard=None):
+        begin, length = (0, len(tokens)) if shard is None else (int(tokens.starts[shard]), len(tokens.shards[shard]))
+        return begin + torch.randint(length - BLOCK, (BATCH,))
 
-    queue = deque(draw(train_tokens) for _ in range(ahead))
+    def draw_train():
+        return draw(train, shard_picker.choice(range(len(train.shards))) if by_shard else None)
+
+    queue = deque(draw_train() for _ in range(ahead))
     steps, evaluations = [], {}
     for step in range(STEPS + 1):
         if step % EVAL_INTERVAL == 0 and rank == 0:
-            evaluations[step] = ([draw(train_tokens) for _ in range(EVAL_ITERS)],
-                                 [draw(val_tokens) for _ in range(EVAL_ITERS)])
+            evaluations[step] = ([draw_train() for _ in range(EVAL_ITERS)],
+                                 [draw(val, 0 if by_shard else None) for _ in range(EVAL_ITERS)])
         micro_batches = []
         for _ in range(ACCUMULATION):
             micro_batches.append(queue.popleft())
-            queue.append(draw(train_tokens))
+            queue.append(draw_train())
         steps.append(micro_batches)
     return steps, evaluations
 
@@ -73,12 +81,14 @@ def step_loss(model, tokens, micro_batches) -> float:
 
 
 @torch.no_grad()
-def expected_metrics(ahead: int, world_size: int = 1) -> tuple[dict, dict]:
+def expected_metrics(ahead: int, world_size: int = 1, corpus: Path | None = None) -> tuple[dict, dict]:
     """({step: train/loss}, {step: (train/loss_estimate, val/loss)}) of the initial model on their windows: the
-    training loss the mean over the ranks, the estimates rank 0's."""
-    corpus = prepare_embedded()
+    training loss the mean over the ranks, the estimates rank 0's. A ``corpus`` of several shards is drawn as their
+    FineWeb-Edu trainers draw (by shard); the embedded corpus as their OpenWebText trainers."""
+    by_shard = corpus is not None
+    corpus = corpus or prepare_embedded()
     train, val = load_split(corpus, "train", MODEL.vocab_size), load_split(corpus, "val", MODEL.vocab_size)
-    windows = [their_windows(len(train), len(val), ahead, rank) for rank in range(world_size)]
+    windows = [their_windows(train, val, ahead, rank, by_shard) for rank in range(world_size)]
     torch.manual_seed(5000)  # rank 0's weights, which DDP hands every rank
     model = GPT(MODEL)
     train_losses = {step + 1: sum(step_loss(model, train, steps[step]) for steps, _ in windows) / world_size
@@ -115,5 +125,14 @@ def test_under_ddp_each_rank_draws_from_its_own_seed_and_rank_0_alone_evaluates(
     torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
     records = run(tmp_path, "optimizer=mars-adamw", "optimizer.lr_1d=1e-30", *FROZEN, launcher=torchrun)
     train_losses, estimates = expected_metrics(ACCUMULATION, world_size=2)
+    assert {r["step"]: r["train/loss"] for r in records if "train/loss" in r} == train_losses
+    assert {r["step"]: (r["train/loss_estimate"], r["val/loss"]) for r in records if "val/loss" in r} == estimates
+
+
+@pytest.mark.slow
+def test_by_shard_each_training_batch_picks_its_shard_as_their_fineweb_edu_trainer(tmp_path, prepared_dir):
+    records = run(tmp_path, "optimizer=mars-adamw", "optimizer.lr_1d=1e-30", *FROZEN, "data=custom",
+                  f"data.dir={prepared_dir}", "data.sampling=random_shard")
+    train_losses, estimates = expected_metrics(ACCUMULATION, corpus=prepared_dir)
     assert {r["step"]: r["train/loss"] for r in records if "train/loss" in r} == train_losses
     assert {r["step"]: (r["train/loss_estimate"], r["val/loss"]) for r in records if "val/loss" in r} == estimates
