@@ -48,8 +48,9 @@ class Draws(str, Enum):
 
 class EvalSampling(str, Enum):
     fixed = "fixed"  # the same windows at every evaluation: comparable curves, one draw of sampling noise
-    # New windows at every evaluation (the MARS authors' trainer): each evaluation's windows keyed by its step,
-    # so the best of many evaluations is the minimum of independent noisy estimates, as in the paper's table
+    # New windows at every evaluation (the MARS authors' trainer): each evaluation's windows keyed by its step
+    # (data.draws=authors: theirs), so the best of many evaluations is the minimum of independent noisy estimates,
+    # which we assume the paper's table reports (docs/paper.md)
     fresh = "fresh"
 
 

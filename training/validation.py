@@ -5,15 +5,17 @@ Two procedures (``train.eval_sampling``):
 
 - ``fixed``: the same ``eval_iters`` batches at every evaluation, the windows of step 0. Curves are smooth and
   the seeds of a setting are scored on one text.
-- ``fresh``: new windows at every evaluation, as the MARS authors' trainer draws them (``torch.randint`` on rank
-  0's generator at each call of ``estimate_loss``, ``MARS/train_mars.py:138-148, 235-248``). Theirs are the same
-  for every run of a setting (every run seeds 5000 and consumes the generator alike) and new at each evaluation;
-  ours are keyed by the evaluation's step, so a resumed run scores the windows the uninterrupted one would have.
-  The best of many such evaluations is the minimum of independent noisy estimates, as in the paper's table; a
-  run evaluated this way also scores the fixed windows, logged as ``val/loss_fixed``.
+- ``fresh``: new windows at every evaluation, keyed by the evaluation's step (a resumed run scores the windows
+  the uninterrupted one would have), shared out across the ranks. Under ``data.draws=authors`` (the paper
+  presets) they are instead the windows of the MARS authors' ``estimate_loss`` (``MARS/train_mars.py:235-248``),
+  drawn by their generator in their order (``data/authors_draws.py``) and scored by rank 0 alone:
+  ``eval_iters`` batches of the train split (``train/loss_estimate``), then of the val split (``val/loss``).
+  The best val loss is then the minimum over these noisy estimates; that the paper's table reports that minimum
+  is an assumption (docs/paper.md). A run evaluated on fresh windows also scores the fixed ones
+  (``val/loss_fixed``).
 
-Every window is drawn from the validation batches' generator, keyed independently of ``train.seed``, so the
-seeds of a setting (and every optimizer) are scored on the same windows at the same step.
+The fixed and keyed fresh windows are drawn from the validation batches' generator, keyed independently of
+``train.seed``, so the seeds of a setting (and every optimizer) are scored on the same windows at the same step.
 """
 import math
 
