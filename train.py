@@ -20,11 +20,11 @@ from omegaconf import DictConfig, OmegaConf
 from configs.schema import Draws, grad_accum_steps_for, lr_decay_end, register_configs, validate
 from data.corpora import take_data_dir_as_custom
 from data.loader import TokenBatches, build_batches, draw_as_the_authors
-from evaluation.hellaswag import training_items
 from model import GPT, GPTConfig
 from training.distributed import DistributedContext, all_gather_objects, distributed_session, wrap_data_parallel
 from training.divergence import DivergenceGuard
 from training.finished import keep_finished_checkpoints, nothing_left_to_train
+from training.hellaswag import training_items
 from training.metrics import MetricsLogger, StepWindow, default_run_name, read_metrics
 from training.optimizers import build_optimizer, local_optimizer, state_bytes
 from training.preemption import PreemptionSignal, refuse_if_terminated

@@ -23,8 +23,8 @@ import torch
 
 from configs.schema import EvalSampling
 from data.loader import TokenBatches
-from evaluation.hellaswag import correct_counts
 from training.distributed import DistributedContext, sums_across_ranks
+from training.hellaswag import correct_counts
 from training.sweep import stop_alike_on_bad_token_ids
 
 FIXED_WINDOWS_STEP = 0  # the fixed windows are those the validation generator draws for step 0
