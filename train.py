@@ -18,21 +18,22 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from configs.schema import grad_accum_steps_for, lr_decay_end, register_configs, validate
+from configs.schema import Draws, grad_accum_steps_for, lr_decay_end, register_configs, validate
 from configs.user_dirs import ConfigSyntaxError, refuse_config_syntax_errors
 from data.corpora import take_data_dir_as_custom
-from data.loader import TokenBatches, build_batches
-from evaluation.hellaswag import training_items
+from data.loader import TokenBatches, build_batches, draw_as_the_authors
 from model import GPT, GPTConfig
 from training import memory
 from training.distributed import (DistributedContext, all_gather_objects, distributed_session, stop_with_message,
                                   wrap_data_parallel)
 from training.divergence import DivergenceGuard, ValLossWatch, initial_val_loss
 from training.finished import keep_finished_checkpoints, nothing_left_to_train
+from training.hellaswag import training_items
 from training.metrics import MetricsLogger, StepWindow, default_run_name, read_metrics
 from training.optimizers import build_optimizer, local_optimizer, state_bytes
 from training.preemption import PreemptionSignal, refuse_if_terminated
 from training.provenance import code_on_every_rank, launch_record
+from training.registry import optimizer_entry
 from training.resume import Resumed, resume_run
 from training.run_checkpoint import save_run_checkpoint
 from training.run_dir import RunDirectoryLock, locked_run_directory, register_run_dir_resolver, write_hydra_record
@@ -80,12 +81,12 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
     set_tf32(t.tf32)
     train_batches, val_batches = load_data(cfg, ctx)
     hellaswag_items = training_items(t.hellaswag_file, t.hellaswag_items) if t.hellaswag_interval else []
-    model, optimizer = build_model_and_optimizer(cfg, ctx)
+    model, optimizer = build_model_and_optimizer(cfg, ctx, train_batches)
     config_dict = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     # What this launch reads: the tables tell two corpora (or two samples of one) apart by it, a resume other data.
     data_read = {"train": train_batches.tokens.summary(), "val": val_batches.tokens.summary()}
-    resumed = (resume_run(run_dir, t, config_dict, data_read, model, optimizer, ctx, progress) if t.resume
-               else Resumed())
+    resumed = (resume_run(run_dir, t, config_dict, data_read, model, optimizer, train_batches.draws, ctx, progress)
+               if t.resume else Resumed())
     start_step = progress.step
     if start_step >= t.max_iters:  # resumed at its end: nothing to train (resume_run said so)
         return
@@ -124,7 +125,7 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
                          initial_val_loss(run_dir, ctx) if start_step else None)
     lookahead = getattr(local_optimizer(optimizer), "needs_lookahead_grad", False)
     if start_step == 0:
-        evaluate(train_model, val_batches, 0, progress, metrics, watch, t, autocast, ctx)
+        evaluate(train_model, train_batches, val_batches, 0, progress, metrics, watch, t, autocast, ctx)
     for step in range(start_step, t.max_iters):
         step_start = time.perf_counter()
         lr = apply_schedule(optimizer, step, schedule, cfg.optimizer)
@@ -155,14 +156,14 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
         if logging_now:
             metrics.log(window.record(done, progress.tokens, lr, train_loss, grad_norm, guard.skipped_steps))
         if evaluating:
-            evaluate(train_model, val_batches, done, progress, metrics, watch, t, autocast, ctx)
+            evaluate(train_model, train_batches, val_batches, done, progress, metrics, watch, t, autocast, ctx)
         if scoring_hellaswag:
             metrics.log({"step": done, "tokens": progress.tokens,
                          **hellaswag_accuracy(model, hellaswag_items, autocast, ctx)})
         if checkpointing:
-            progress.checkpoint = save_run_checkpoint(run_dir, progress, model, optimizer, config_dict, data_read,
-                                                      metrics.wandb_run_id, guard.skipped_steps,
-                                                      t.keep_checkpoints, lock, ctx)
+            progress.checkpoint = save_run_checkpoint(run_dir, progress, model, optimizer, train_batches.draws,
+                                                      config_dict, data_read, metrics.wandb_run_id,
+                                                      guard.skipped_steps, t.keep_checkpoints, lock, ctx)
         if preempted:
             log.warning("stopping after step %d on a termination signal; %s holds the run's state", done,
                         progress.checkpoint or "the checkpoint")
@@ -176,10 +177,10 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
     watch.raise_if_diverged(progress.checkpoint)
 
 
-def evaluate(model, val_batches: TokenBatches, step: int, progress: Progress, metrics: MetricsLogger,
-             watch: ValLossWatch, t, autocast, ctx: DistributedContext) -> None:
+def evaluate(model, train_batches: TokenBatches, val_batches: TokenBatches, step: int, progress: Progress,
+             metrics: MetricsLogger, watch: ValLossWatch, t, autocast, ctx: DistributedContext) -> None:
     """Log the validation losses at ``step``; ``watch`` stops (or marks) a run whose loss rose above step 0's."""
-    losses = validation_losses(model, val_batches, t.eval_iters, t.eval_sampling, step, autocast, ctx)
+    losses = validation_losses(model, train_batches, val_batches, t.eval_iters, t.eval_sampling, step, autocast, ctx)
     metrics.log({"step": step, "tokens": progress.tokens, **losses})
     watch.check(step, losses["val/loss"], progress.checkpoint)
 
@@ -191,15 +192,25 @@ def load_data(cfg: DictConfig, ctx: DistributedContext) -> tuple[TokenBatches, T
                       seed=t.seed, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device,
                       vocab_size=cfg.model.vocab_size)
     # Validation windows do not depend on train.seed, so seeds of one setting are scored on the same text.
-    return on_every_rank_alike(lambda: (build_batches(cfg.data, "train", **batch_args),
-                                        build_batches(cfg.data, "val", **{**batch_args, "seed": VAL_SEED})), ctx)
+    train, val = on_every_rank_alike(lambda: (build_batches(cfg.data, "train", **batch_args),
+                                              build_batches(cfg.data, "val", **{**batch_args, "seed": VAL_SEED})), ctx)
+    if cfg.data.draws == Draws.authors:
+        ahead = optimizer_entry(cfg.optimizer.name).authors_batches_ahead(t.grad_accum_steps)
+        draw_as_the_authors(train, val, ahead=ahead, eval_interval=t.eval_interval, seed=t.seed + ctx.rank)
+    return train, val
 
 
-def build_model_and_optimizer(cfg: DictConfig, ctx: DistributedContext) -> tuple[GPT, torch.optim.Optimizer]:
+def build_model_and_optimizer(cfg: DictConfig, ctx: DistributedContext,
+                              train_batches: TokenBatches) -> tuple[GPT, torch.optim.Optimizer]:
     """The model, with the same initial weights on every rank, and its optimizer; then each rank's own dropout
-    stream."""
+    stream.
+
+    Under ``data.draws=authors`` each rank draws its initial weights from train.seed + rank, as the authors'
+    trainers do (DDP then gives every rank rank 0's), and the windows continue that generator.
+    """
     t = cfg.train
-    seed_everything(t.seed)
+    draws = train_batches.draws
+    seed_everything(t.seed + ctx.rank if draws else t.seed)
     model_config = GPTConfig(**OmegaConf.to_container(cfg.model))
     with memory.model_weights(model_config.num_params(non_embedding=False), ctx.device):
         model = GPT(model_config).to(ctx.device)
@@ -207,6 +218,8 @@ def build_model_and_optimizer(cfg: DictConfig, ctx: DistributedContext) -> tuple
     if t.zero1 and not ctx.enabled:
         log.info("train.zero1=true has nothing to shard in a single process: using the plain optimizer")
     optimizer = build_optimizer(cfg.optimizer, model, zero1=t.zero1 and ctx.enabled)
+    if draws:
+        draws.start_after_model_init(torch.get_rng_state())
     seed_everything(t.seed + ctx.rank)
     return model, optimizer
 

@@ -37,10 +37,20 @@ class Sampling(str, Enum):
     random_shard = "random_shard"
 
 
+class Draws(str, Enum):
+    # Each batch from a numpy generator keyed by its split, step, micro-batch and rank: any resume, any number of
+    # processes, the same windows
+    keyed = "keyed"
+    # Every window (training, evaluation) as the MARS authors' trainers draw them: torch's generator seeded
+    # train.seed + rank, continuing after the model's initialisation, in their order (data/authors_draws.py)
+    authors = "authors"
+
+
 class EvalSampling(str, Enum):
     fixed = "fixed"  # the same windows at every evaluation: comparable curves, one draw of sampling noise
-    # New windows at every evaluation (the MARS authors' trainer): each evaluation's windows keyed by its step,
-    # so the best of many evaluations is the minimum of independent noisy estimates, as in the paper's table
+    # New windows at every evaluation (the MARS authors' trainer): each evaluation's windows keyed by its step
+    # (data.draws=authors: theirs), so the best of many evaluations is the minimum of independent noisy estimates,
+    # which we assume the paper's table reports (docs/paper.md)
     fresh = "fresh"
 
 
@@ -180,6 +190,7 @@ class DataConfig:
     # `python -m data.prepare`); null means the named corpus' default location (embedded: built on first use).
     dir: Optional[str] = None
     sampling: Sampling = Sampling.random
+    draws: Draws = Draws.keyed  # keyed, or authors: the paper presets (needs train.eval_sampling=fresh)
 
 
 @dataclass
@@ -374,6 +385,9 @@ def validate(cfg) -> None:
     _require(t.eval_sampling == EvalSampling.fixed or cfg.data.sampling != Sampling.sequential,
              "train.eval_sampling=fresh draws random validation windows, which data.sampling=sequential does not "
              "serve: use train.eval_sampling=fixed, or data.sampling=random")
+    _require(cfg.data.draws == Draws.keyed or t.eval_sampling == EvalSampling.fresh,
+             "data.draws=authors draws new validation windows at every evaluation, as their trainer: set "
+             "train.eval_sampling=fresh with it")
     _require(cfg.data.name != "custom" or cfg.data.dir is not None,
              "data=custom needs data.dir=/path/to/shards (made by `python -m data.prepare files ... --out DIR`)")
 

@@ -17,7 +17,9 @@ within the limit of open files) and read as one stream in shard order. Three sam
   ``((step * grad_accum_steps + micro_step) * world_size + r) * batch_size``, so ranks never share a window
   within an epoch.
 
-Nothing is carried from one batch to the next, so a resumed run sees exactly the batches the uninterrupted run
+With ``data.draws=authors`` the training windows are instead those the MARS authors' trainers draw, in their
+order, from one generator that their evaluations draw from too (``data/authors_draws.py``); otherwise nothing is
+carried from one batch to the next, so a resumed run sees exactly the batches the uninterrupted run
 would have seen (the loader's position in a checkpoint is just the step), and the exact MARS scheme can draw
 the next step's batch ahead of time (``batch(step + 1, micro_step)``).
 """
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 
 from configs.schema import Sampling
+from data.authors_draws import AuthorsDraws
 from data.corpora import HUB_CORPORA, default_directory, prepare_command
 from data.embedded import prepare_embedded
 from data.shards import MANIFEST_FILE, ShardError, ShardFiles, read_manifest, shard_length, unreadable_as_shard_error
@@ -267,6 +270,7 @@ class TokenBatches:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.vocab_size = vocab_size  # ids at or above it are refused batch by batch (None: not checked)
         self.bad_token_position: int | None = None  # see _screen_token_ids
+        self.draws: AuthorsDraws | None = None  # data.draws=authors (training batches): the windows come from it
 
     def _first_window(self, step: int, micro_step: int) -> int:
         """Sequential mode: the global index of this rank's first window of micro-batch (step, micro_step)."""
@@ -274,6 +278,8 @@ class TokenBatches:
 
     def window_starts(self, step: int, micro_step: int = 0) -> np.ndarray:
         """Token offsets of this rank's windows of the micro-batch in the split's stream."""
+        if self.draws is not None:
+            return self.draws.training_starts(step, micro_step)
         if self.sampling == Sampling.sequential:
             windows = self._first_window(step, micro_step) + np.arange(self.batch_size)
             return (windows % self.windows_per_epoch) * self.block_size
@@ -288,7 +294,10 @@ class TokenBatches:
         return rng.integers(0, len(self.tokens) - self.block_size, size=self.batch_size)
 
     def batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = self.window_starts(step, micro_step)
+        return self.batch_at(self.window_starts(step, micro_step))
+
+    def batch_at(self, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input, target) of the windows starting at ``starts`` in the split's stream."""
         windows = self._read_windows(starts)
         self._screen_token_ids(windows, starts)
         x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))
@@ -338,3 +347,11 @@ def build_batches(data_cfg, split: str, *, batch_size: int, block_size: int, gra
     return TokenBatches(tokens, split, batch_size=batch_size, block_size=block_size, seed=seed,
                         sampling=data_cfg.sampling, grad_accum_steps=grad_accum_steps, rank=rank,
                         world_size=world_size, device=device, vocab_size=vocab_size)
+
+
+def draw_as_the_authors(train: TokenBatches, val: TokenBatches, *, ahead: int, eval_interval: int, seed: int) -> None:
+    """``data.draws=authors``: ``train``'s windows, and every evaluation's (``AuthorsDraws.evaluation_starts``),
+    drawn as the authors' trainer draws them on this rank (``seed``: 5000 + rank in theirs)."""
+    train.draws = AuthorsDraws(train.tokens, val.tokens, batch_size=train.batch_size, block_size=train.block_size,
+                               grad_accum_steps=train.grad_accum_steps, ahead=ahead, eval_interval=eval_interval,
+                               seed=seed, by_shard=train.sampling == Sampling.random_shard)

@@ -20,3 +20,22 @@ def test_the_training_loop_reads_in_one_screen_and_train_py_defines_no_closures(
 
 def test_the_readme_is_short_enough_to_finish():
     assert len((REPO / "README.md").read_text().splitlines()) <= README_LINES
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, at its top or inside a function."""
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            modules.add(node.module)
+    return modules
+
+
+def test_nothing_the_training_loop_runs_imports_the_after_training_evaluation():
+    # evaluation/ scores, exports and samples trained models, and may use training/; the arrow never points back.
+    upward = {f"{path.relative_to(REPO)} imports {module}" for path in [*(REPO / "training").glob("*.py"),
+                                                                       REPO / "train.py"]
+              for module in imported_modules(path) if module.split(".")[0] == "evaluation"}
+    assert upward == set()

@@ -39,7 +39,8 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 def format_record(record: dict) -> str:
     parts = [f"step {record['step']}"]
-    for key, fmt in (("train/loss", ".4f"), ("val/loss", ".4f"), ("val/loss_fixed", ".4f"), ("lr", ".2e"),
+    for key, fmt in (("train/loss", ".4f"), ("val/loss", ".4f"), ("val/loss_fixed", ".4f"),
+                     ("train/loss_estimate", ".4f"), ("lr", ".2e"),
                      ("grad_norm", ".3f"), ("clipped", ".0%"), ("tokens", ",d"), ("tokens_per_s", ",.0f"),
                      ("step_ms", ".1f"), ("mfu", ".1%"),
                      ("peak_memory_gb", ".2f"), ("skipped_steps", "d"), ("hellaswag/acc_norm", ".3f")):

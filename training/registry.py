@@ -100,10 +100,18 @@ class OptimizerEntry:
     unread_keys: Callable[[Mapping], tuple[str, ...]] = lambda cfg: ()
     # The labels the MARS paper's table has rows for (scripts/make_table.py compares them with the paper).
     paper_rows: tuple[str, ...] = ()
+    # Whether the authors' trainer for it draws a whole step's training batches ahead (their MARS and MARS-M
+    # trainers, MARS/train_mars.py:275-280) rather than one (AdamW, Muon, Moonlight: MARS/train_adamw.py:263):
+    # what data.draws=authors follows (data/authors_draws.py).
+    authors_draw_a_step_ahead: bool = False
 
     @property
     def name(self) -> str:
         return self.schema.name
+
+    def authors_batches_ahead(self, grad_accum_steps: int) -> int:
+        """The training batches the authors' trainer for it draws before its first step."""
+        return grad_accum_steps if self.authors_draw_a_step_ahead else 1
 
 
 def adamw_arguments(cfg, device: torch.device) -> Arguments:
@@ -195,7 +203,7 @@ OPTIMIZERS: dict[str, OptimizerEntry] = {entry.name: entry for entry in (
                     "amsgrad": "the optimizer's state (the running maximum of the second moment)",
                     "optimize_1d": "which rule, and which state, the 1-D tensors have"},
         unread_keys=lambda cfg: () if mars_runs_newton_schulz(cfg) else ("ns_dtype", "ns_form"),
-        paper_rows=("mars-exact", "mars-approx")),
+        paper_rows=("mars-exact", "mars-approx"), authors_draw_a_step_ahead=True),
     OptimizerEntry(MoonlightConfig, moonlight_arguments, labels={"moonlight": "Moonlight"},
                    groups=lambda model, cfg: matrix_rule_groups(model, cfg["weight_decay"]),
                    orthogonalises=lambda cfg: True),
@@ -204,7 +212,8 @@ OPTIMIZERS: dict[str, OptimizerEntry] = {entry.name: entry for entry in (
                            "mars-m-efficient": "MARS-M-efficient"},
                    groups=lambda model, cfg: matrix_rule_groups(model, cfg["weight_decay"]),
                    orthogonalises=lambda cfg: True,
-                   state_keys={**IS_APPROX, "memory_efficient": "the MARS-M variant and its state"}),
+                   state_keys={**IS_APPROX, "memory_efficient": "the MARS-M variant and its state"},
+                   authors_draw_a_step_ahead=True),
 )}
 
 

@@ -11,6 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from configs.schema import lr_decay_end
+from data.authors_draws import AuthorsDraws
 from training.checkpoint import CheckpointReadError, latest_checkpoint, set_aside_checkpoints_after
 from training.distributed import DistributedContext, all_gather_objects
 from training.runtime import set_rng_state
@@ -103,15 +104,18 @@ def schedule_changes(saved_train: dict, t) -> list[str]:
             "run's plan"]
 
 
-def resume_from(ckpt: dict, checkpoint_path: Path, config_dict: dict, model, optimizer,
-                ctx: DistributedContext) -> dict[str, tuple]:
-    """Load the checkpoint's weights, optimizer state and random streams; the configured hyperparameters then
-    replace the checkpoint's. Returns the settings that differ from the checkpoint's (each one logged).
+def resume_from(ckpt: dict, checkpoint_path: Path, config_dict: dict, model, optimizer, ctx: DistributedContext,
+                draws: AuthorsDraws | None = None) -> dict[str, tuple]:
+    """Load the checkpoint's weights, optimizer state and random streams (the authors' draws among them); the
+    configured hyperparameters then replace the checkpoint's. Returns the settings that differ from the
+    checkpoint's (each one logged).
 
     Raises :class:`ResumeRefused` when a change leaves the state without meaning.
     """
     changes = config_changes(ckpt["config"], config_dict)
     check_resumable(changes, checkpoint_path)
+    if draws:
+        draws.load_state_dict(authors_draws_of_this_rank(ckpt, checkpoint_path, ctx))
     configured = configured_hyperparameters(optimizer)
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
@@ -162,6 +166,20 @@ def data_in_words(read: dict) -> str:
     return f"{sizes} (fingerprint {', '.join(str(r.get('fingerprint')) for r in read.values())})"
 
 
+def authors_draws_of_this_rank(ckpt: dict, checkpoint_path: Path, ctx: DistributedContext) -> dict:
+    """The state of this rank's authors' draws in the checkpoint; refused when it has none for this many ranks."""
+    states = ckpt.get("authors_draws")
+    if states is None:
+        raise ResumeRefused(f"cannot resume {checkpoint_path} with data.draws=authors: it was written under "
+                            "data.draws=keyed, so the authors' draws have no state to continue from. Resume with "
+                            "data.draws=keyed, or start a new run in another hydra.run.dir")
+    if len(states) != ctx.world_size:
+        raise ResumeRefused(f"cannot resume {checkpoint_path} on {ctx.world_size} process(es) with "
+                            f"data.draws=authors: each of its {len(states)} ranks drew its own windows. Resume on "
+                            f"{len(states)} processes, or with data.draws=keyed")
+    return states[ctx.rank]
+
+
 def find_resume_checkpoint(run_dir: Path, device: torch.device, ctx: DistributedContext) -> tuple[Path, dict] | None:
     """The newest loadable checkpoint, the same one on every rank, or None; every rank stops alike otherwise.
 
@@ -197,20 +215,20 @@ class Resumed:
     skipped_steps: int = 0
 
 
-def resume_run(run_dir: Path, t, config_dict: dict, data_read: dict, model, optimizer, ctx: DistributedContext,
-               progress: Progress) -> Resumed:
-    """Continue from the newest checkpoint in ``run_dir``: load it into ``model`` and ``optimizer`` and move
-    ``progress`` to its step. Without one, the run starts from scratch. A checkpoint at ``train.max_iters`` or
-    past it leaves nothing to train: said here, and the caller stops. Beside the config's changes, a resume by
-    another number of processes, or on other data (``data_read``: what this launch reads), is told and returned
-    as changes."""
+def resume_run(run_dir: Path, t, config_dict: dict, data_read: dict, model, optimizer, draws: AuthorsDraws | None,
+               ctx: DistributedContext, progress: Progress) -> Resumed:
+    """Continue from the newest checkpoint in ``run_dir``: load it into ``model``, ``optimizer`` and ``draws``
+    (``data.draws=authors``) and move ``progress`` to its step. Without one, the run starts from scratch. A
+    checkpoint at ``train.max_iters`` or past it leaves nothing to train: said here, and the caller stops. Beside
+    the config's changes, a resume by another number of processes, or on other data (``data_read``: what this
+    launch reads), is told and returned as changes."""
     found = find_resume_checkpoint(run_dir, ctx.device, ctx)
     if found is None:
         refuse_a_point_kept_under_another_name(run_dir, config_dict)
         log.warning("train.resume=true but %s has no checkpoint yet: starting from scratch", run_dir)
         return Resumed()
     checkpoint_path, ckpt = found
-    changes = resume_from(ckpt, checkpoint_path, config_dict, model, optimizer, ctx)
+    changes = resume_from(ckpt, checkpoint_path, config_dict, model, optimizer, ctx, draws)
     launch = {**process_changes(ckpt, config_dict["train"], ctx.world_size),
               **data_changes(ckpt.get("data"), data_read)}
     launch = {key: values for key, values in launch.items() if key not in changes}  # the config's say it already

@@ -2,6 +2,7 @@
 agreed on by every rank before any of them goes on (or stops)."""
 from pathlib import Path
 
+from data.authors_draws import AuthorsDraws
 from training.checkpoint import CheckpointSaveError, checkpoint_step, save_checkpoint
 from training.distributed import DistributedContext, all_gather_objects
 from training.divergence import NOT_CHECKPOINTED, TrainingDiverged, non_finite_entries, non_finite_state_reason
@@ -12,9 +13,9 @@ from training.summary import Progress
 from training.sweep import divergence_advice, resume_command
 
 
-def save_run_checkpoint(run_dir: Path, progress: Progress, model, optimizer, config: dict, data_read: dict,
-                        wandb_run_id: str | None, skipped_steps: int, keep: int, lock: RunDirectoryLock,
-                        ctx: DistributedContext) -> Path | None:
+def save_run_checkpoint(run_dir: Path, progress: Progress, model, optimizer, draws: AuthorsDraws | None,
+                        config: dict, data_read: dict, wandb_run_id: str | None, skipped_steps: int, keep: int,
+                        lock: RunDirectoryLock, ctx: DistributedContext) -> Path | None:
     """Write the checkpoint of ``progress.step`` and keep the newest ``keep``; returns its path (rank 0; None on
     the other ranks). ``data_read``: what the launch reads, which a resume compares with what it reads.
 
@@ -23,12 +24,16 @@ def save_run_checkpoint(run_dir: Path, progress: Progress, model, optimizer, con
     """
     step = progress.step
     rng_states = all_gather_objects(rng_state(), ctx)
+    # data.draws=authors: each rank's generators and the windows drawn ahead, for a resume to draw on alike
+    draw_states = all_gather_objects(draws.state_dict(step), ctx) if draws else None
     optimizer_state = full_state_dict(optimizer)
     path, failure, diverged = None, None, None
     if ctx.is_main:
         state = {"model": model.state_dict(), "optimizer": optimizer_state, "step": step,
                  "tokens": progress.tokens, "rng": rng_states, "config": config, "data": data_read,
                  "wandb_run_id": wandb_run_id, "skipped_steps": skipped_steps}
+        if draw_states:
+            state["authors_draws"] = draw_states
         non_finite = non_finite_entries(state["model"], optimizer_state)
         if non_finite:
             diverged = non_finite_state_reason(non_finite)

@@ -5,15 +5,17 @@ Two procedures (``train.eval_sampling``):
 
 - ``fixed``: the same ``eval_iters`` batches at every evaluation, the windows of step 0. Curves are smooth and
   the seeds of a setting are scored on one text.
-- ``fresh``: new windows at every evaluation, as the MARS authors' trainer draws them (``torch.randint`` on rank
-  0's generator at each call of ``estimate_loss``, ``MARS/train_mars.py:138-148, 235-248``). Theirs are the same
-  for every run of a setting (every run seeds 5000 and consumes the generator alike) and new at each evaluation;
-  ours are keyed by the evaluation's step, so a resumed run scores the windows the uninterrupted one would have.
-  The best of many such evaluations is the minimum of independent noisy estimates, as in the paper's table; a
-  run evaluated this way also scores the fixed windows, logged as ``val/loss_fixed``.
+- ``fresh``: new windows at every evaluation, keyed by the evaluation's step (a resumed run scores the windows
+  the uninterrupted one would have), shared out across the ranks. Under ``data.draws=authors`` (the paper
+  presets) they are instead the windows of the MARS authors' ``estimate_loss`` (``MARS/train_mars.py:235-248``),
+  drawn by their generator in their order (``data/authors_draws.py``) and scored by rank 0 alone:
+  ``eval_iters`` batches of the train split (``train/loss_estimate``), then of the val split (``val/loss``).
+  The best val loss is then the minimum over these noisy estimates; that the paper's table reports that minimum
+  is an assumption (docs/paper.md). A run evaluated on fresh windows also scores the fixed ones
+  (``val/loss_fixed``).
 
-Every window is drawn from the validation batches' generator, keyed independently of ``train.seed``, so the
-seeds of a setting (and every optimizer) are scored on the same windows at the same step.
+The fixed and keyed fresh windows are drawn from the validation batches' generator, keyed independently of
+``train.seed``, so the seeds of a setting (and every optimizer) are scored on the same windows at the same step.
 """
 import math
 
@@ -21,9 +23,9 @@ import torch
 
 from configs.schema import EvalSampling
 from data.loader import TokenBatches
-from evaluation.hellaswag import correct_counts
 from training import memory
 from training.distributed import DistributedContext, sums_across_ranks
+from training.hellaswag import correct_counts
 from training.sweep import stop_alike_on_bad_token_ids
 
 FIXED_WINDOWS_STEP = 0  # the fixed windows are those the validation generator draws for step 0
@@ -52,15 +54,46 @@ def estimate_val_loss(model, batches: TokenBatches, eval_iters: int, autocast, c
     return loss_sum / eval_iters
 
 
-def validation_losses(model, batches: TokenBatches, eval_iters: int, sampling: EvalSampling, step: int, autocast,
-                      ctx: DistributedContext) -> dict[str, float]:
+def validation_losses(model, train_batches: TokenBatches, val_batches: TokenBatches, eval_iters: int,
+                      sampling: EvalSampling, step: int, autocast, ctx: DistributedContext) -> dict[str, float]:
     """The evaluation's metrics: ``val/loss`` by the configured procedure, and ``val/loss_fixed`` besides when
-    that procedure is ``fresh``."""
-    fixed = estimate_val_loss(model, batches, eval_iters, autocast, ctx)
+    that procedure is ``fresh``; under ``data.draws=authors``, ``val/loss`` and ``train/loss_estimate`` are the
+    authors' estimates (``authors_estimates``)."""
+    fixed = estimate_val_loss(model, val_batches, eval_iters, autocast, ctx)
     if EvalSampling(sampling) == EvalSampling.fixed:
         return {"val/loss": fixed}
-    fresh = estimate_val_loss(model, batches, eval_iters, autocast, ctx, window_step=step)
+    if train_batches.draws is not None:
+        return {**authors_estimates(model, train_batches, val_batches, eval_iters, step, autocast, ctx),
+                "val/loss_fixed": fixed}
+    fresh = estimate_val_loss(model, val_batches, eval_iters, autocast, ctx, window_step=step)
     return {"val/loss": fresh, "val/loss_fixed": fixed}
+
+
+@torch.no_grad()
+def authors_estimates(model, train_batches: TokenBatches, val_batches: TokenBatches, eval_iters: int, step: int,
+                      autocast, ctx: DistributedContext) -> dict[str, float]:
+    """The authors' ``estimate_loss`` (``MARS/train_mars.py:235-248``): rank 0 alone scores ``eval_iters``
+    batches of the train split, then ``eval_iters`` of the val split, drawn by its generator in their order
+    (``AuthorsDraws.evaluation_starts``); the other ranks draw nothing and wait for the result.
+
+    The train-split figure is ``train/loss_estimate``, apart from the training loss of the steps (``train/loss``).
+    """
+    losses = torch.zeros(2, eval_iters, device=val_batches.device)  # float32 means, as theirs
+    if ctx.is_main:
+        model = getattr(model, "module", model)  # rank 0 alone: no DDP forward, which would wait for the others
+        model.eval()
+        for split, (batches, starts) in enumerate(zip((train_batches, val_batches),
+                                                      train_batches.draws.evaluation_starts(step, eval_iters))):
+            for k, window_starts in enumerate(starts):
+                x, y = batches.batch_at(window_starts)
+                with autocast:
+                    _, losses[split, k] = model(x, y)
+        model.train()
+    met_bad_ids = [float(batches.bad_token_position is not None) for batches in (train_batches, val_batches)]
+    train_loss, val_loss, *ranks_with_bad_ids = sums_across_ranks([*losses.mean(dim=1).tolist(), *met_bad_ids], ctx)
+    for batches, ranks in zip((train_batches, val_batches), ranks_with_bad_ids):
+        stop_alike_on_bad_token_ids(batches, ranks, ctx)
+    return {"train/loss_estimate": train_loss, "val/loss": val_loss}
 
 
 def hellaswag_accuracy(model, items: list, autocast, ctx: DistributedContext) -> dict[str, float]:

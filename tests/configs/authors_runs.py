@@ -369,7 +369,7 @@ def authors_settings(size: str, optimizer: str, corpus: str) -> dict[str, object
         "model.dropout": their["dropout"],
         "model.scale_attn_by_inverse_layer_idx": their["scale_attn_by_inverse_layer_idx"],
         "model.activation": MODEL_CODE["activation"][0],
-        "data.name": corpus, "data.sampling": SAMPLING[corpus],
+        "data.name": corpus, "data.sampling": SAMPLING[corpus], "data.draws": "authors",
         "train.batch_size": their["batch_size"], "train.block_size": their["block_size"],
         "train.global_batch_size": their["batch_size"] * accumulation * GPUS,
         # Each GPU sums its micro-batches' gradients without dividing (the loss.backward() of every micro-batch,

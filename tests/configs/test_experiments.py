@@ -102,6 +102,7 @@ def test_every_key_of_a_preset_is_the_authors_run_or_ours_by_design(name):
     ("train.eval_sampling=fixed", "train.eval_sampling"), ("train.compile=false", "train.compile"),
     ("optimizer.optimize_1d=true", "optimizer.optimize_1d"), ("optimizer.betas_1d=[0.9,0.99]", "optimizer.betas_1d"),
     ("optimizer.eps=1e-6", "optimizer.eps"), ("train.keep_checkpoints=3", "train.keep_checkpoints"),
+    ("data.draws=keyed", "data.draws"),
 ])
 def test_a_mars_preset_that_drifts_on_any_key_is_caught(override, key):
     assert drift("owt-gpt2-small-50b-mars-approx", override).keys() == {key}

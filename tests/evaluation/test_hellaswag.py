@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from data.tokenizer import gpt2_encoding
-from evaluation.hellaswag import Item, evaluate_hellaswag, load_items, main, pad_candidates, render, score_items
+from evaluation.hellaswag import evaluate_hellaswag, main
+from training.hellaswag import Item, load_items, pad_candidates, render, score_items
 from model import GPT, GPTConfig
 from training.checkpoint import save_checkpoint
 

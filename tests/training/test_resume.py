@@ -291,3 +291,31 @@ def test_a_resume_past_an_unreadable_newest_checkpoint_sets_it_aside_so_pruning_
                                                                              "ckpt_00000020.pt.unreadable"]
     assert latest_checkpoint(resumed, "cpu")[1]["step"] == 16
     assert train_losses(read_metrics(resumed)) == train_losses(read_metrics(uninterrupted_dir))
+
+
+AUTHORS_DRAWS = ["data.draws=authors", "train.eval_sampling=fresh", "train.keep_checkpoints=4"]
+
+
+def losses(records) -> dict[int, dict]:
+    """Every loss a run logged, by step: the training loss, and at evaluations the estimates."""
+    keys = ("train/loss", "val/loss", "val/loss_fixed", "train/loss_estimate")
+    return {r["step"]: {key: r[key] for key in keys if key in r} for r in records if keys[0] in r or keys[1] in r}
+
+
+@pytest.mark.slow
+def test_a_run_resumed_under_the_authors_draws_logs_the_uninterrupted_runs_losses(tmp_path):
+    uninterrupted_dir = tmp_path / "uninterrupted"
+    uninterrupted = complete_run(uninterrupted_dir, *AUTHORS_DRAWS)
+    resumed = interrupted_copy(uninterrupted_dir, tmp_path, "resumed")  # as if killed after step 8
+    (resumed / "metrics.jsonl").write_text("".join(
+        json.dumps(r) + "\n" for r in uninterrupted if r["step"] <= 8 and not LAUNCH_KEYS & r.keys()))
+    # Their trainer would reseed here and draw its first windows again; ours draws on as if never stopped.
+    assert losses(complete_run(resumed, *AUTHORS_DRAWS, "train.resume=true")) == losses(uninterrupted)
+
+
+def test_a_checkpoint_without_the_authors_draws_is_not_resumed_under_them(tmp_path, uninterrupted_dir):
+    resumed = interrupted_copy(uninterrupted_dir, tmp_path, "resumed")
+    result = subprocess.run(command(resumed, "train.resume=true", *AUTHORS_DRAWS), cwd=REPO, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "it was written under data.draws=keyed" in result.stderr and "Resume with data.draws=keyed" in result.stderr

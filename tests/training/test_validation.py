@@ -47,3 +47,30 @@ def test_fresh_windows_with_sequential_batches_are_refused_naming_both_keys():
 def test_the_default_scores_fixed_windows_and_the_paper_presets_fresh_ones():
     assert load().train.eval_sampling.value == "fixed"
     assert load("experiment=owt-gpt2-small-5b-adamw").train.eval_sampling.value == "fresh"
+
+
+def test_the_authors_draws_with_fixed_windows_are_refused_naming_both_keys():
+    with pytest.raises(ConfigError, match="data.draws=authors .* set train.eval_sampling=fresh"):
+        validate(load("data.draws=authors"))
+
+
+def test_the_default_draws_keyed_windows_and_the_paper_presets_the_authors_ones():
+    assert load().data.draws.value == "keyed"
+    assert load("experiment=fwe-gpt2-small-50b-mars-approx").data.draws.value == "authors"
+
+
+def test_an_evaluation_their_loop_does_not_make_leaves_the_authors_draws_of_the_steps_after_it(tmp_path):
+    # Stopped at step 3, off the eval_interval grid of 2, the run evaluates there; their loop would not, so the
+    # resumed run must still train and evaluate on the windows of the run that never stopped.
+    authors = [*EVALUATED, "data.draws=authors", "train.eval_sampling=fresh", "train.lr_schedule=constant"]
+    run_train(tmp_path / "whole", *authors)
+    run_train(tmp_path / "resumed", *authors, "train.max_iters=3")
+    run_train(tmp_path / "resumed", *authors, "train.resume=true")
+    assert 3 in evaluations(tmp_path / "resumed") and 3 not in evaluations(tmp_path / "whole")
+    assert losses_after(metrics(tmp_path / "resumed"), 3) == losses_after(metrics(tmp_path / "whole"), 3)
+
+
+def losses_after(records, step) -> list[dict]:
+    """The losses of every step and evaluation past ``step``, in the order logged."""
+    losses = [{key: value for key, value in r.items() if "loss" in key} for r in records if r["step"] > step]
+    return [record for record in losses if record]
