@@ -242,8 +242,9 @@ class TrainConfig:
     hellaswag_items: Optional[int] = None  # evaluate the first N items only; null: all 10,042
     max_skipped_steps: int = 0  # steps with a NaN/inf loss or gradient to skip before stopping; 0 stops at once
     # A val loss above this x the step-0 one (the untrained model's) marks the run diverged; with
-    # stop_on_diverged_val_loss it stops there, else it trains on and is marked diverged at its end.
-    diverged_val_loss_ratio: float = 1.0
+    # stop_on_diverged_val_loss it stops there, else it trains on and is marked diverged at its end. 1.1, not 1:
+    # a run that has barely trained (a tiny lr, an early evaluation) scores fresh windows a little above step 0's.
+    diverged_val_loss_ratio: float = 1.1
     stop_on_diverged_val_loss: bool = True
     zero1: bool = False  # shard the optimizer state across DDP ranks (ZeRO stage 1)
     # Seconds a rank waits for the others (to join the group, in each collective) before it fails and the job

@@ -431,7 +431,7 @@ OURS = {
     "train.hellaswag_file": (None, "no HellaSwag during training"),
     "train.hellaswag_items": (None, "no HellaSwag during training"),
     "train.max_skipped_steps": (0, "stop at a non-finite loss (theirs trains on: docs/paper.md)"),
-    "train.diverged_val_loss_ratio": (1.0, "stop once the val loss is above the untrained model's (theirs trains on)"),
+    "train.diverged_val_loss_ratio": (1.1, "stop once the val loss is above the untrained model's (theirs trains on)"),
     "train.stop_on_diverged_val_loss": (True, "stop once the val loss is above the untrained model's"),
     "train.zero1": (False, "an unsharded optimizer state, as theirs"),
     "train.distributed_timeout_s": (600.0, "how long a rank waits for a frozen one; theirs is torch's 30 minutes"),
