@@ -38,9 +38,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from scripts.runs import (Run, Setting, display_corpus, display_model, display_optimizer, find_run_dirs,
-                          group_settings, optimizer_order, readable_runs, short_name, size_order, tokens_label,
-                          unwritable_output, where_stopped)
+from scripts.figures import unwritable_output
+from scripts.run_labels import (display_corpus, display_model, display_optimizer, optimizer_order, size_order,
+                                tokens_label)
+from scripts.run_reading import Run
+from scripts.run_selection import Setting, find_run_dirs, group_settings, readable_runs, short_name, where_stopped
 from scripts.target_loss import target_table
 from training.registry import OPTIMIZERS
 

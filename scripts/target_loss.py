@@ -2,15 +2,17 @@
 
 Used by ``scripts.make_table --target-loss X``. A run reaches X between two evaluations, the first at or below X
 and the one before it: the tokens and the training time there are interpolated linearly in the loss between
-those two evaluations. Training time is the sum of the logged ``step_ms`` (``runs.training_seconds``): train.py
-logs no wall-clock time, so evaluations and checkpoints are left out.
+those two evaluations. Training time is the sum of the logged ``step_ms`` (``run_reading.training_seconds``):
+train.py logs no wall-clock time, so evaluations and checkpoints are left out.
 """
 import statistics
 from dataclasses import dataclass
 
 import numpy as np
 
-from scripts.runs import Run, Setting, count_label, training_seconds
+from scripts.run_labels import count_label
+from scripts.run_reading import Run, training_seconds
+from scripts.run_selection import Setting
 from training.metrics import format_duration
 
 MISSING = "–"

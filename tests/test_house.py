@@ -6,6 +6,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 LOOP_LINES = 110  # the loop's def to its last line, docstring included
 README_LINES = 250
+RUN_MODULE_LINES = 350  # each of the tables' reader's modules: a subject read in one sitting
 
 
 def test_the_training_loop_reads_in_one_screen_and_train_py_defines_no_closures():
@@ -39,3 +40,13 @@ def test_nothing_the_training_loop_runs_imports_the_after_training_evaluation():
                                                                        REPO / "train.py"]
               for module in imported_modules(path) if module.split(".")[0] == "evaluation"}
     assert upward == set()
+
+
+def test_the_tables_reader_stays_three_modules_each_read_in_one_sitting_importing_one_way():
+    # Reading a run, choosing which runs count, and labelling them were one 720-line module once.
+    modules = ("run_labels", "run_reading", "run_selection")  # each imports only those before it
+    lengths = {name: len((REPO / "scripts" / f"{name}.py").read_text().splitlines()) for name in modules}
+    assert all(length <= RUN_MODULE_LINES for length in lengths.values()), lengths
+    backward = {f"{name} imports {later}" for i, name in enumerate(modules) for later in modules[i:]
+                if f"scripts.{later}" in imported_modules(REPO / "scripts" / f"{name}.py")}
+    assert backward == set()

@@ -3,7 +3,7 @@ from omegaconf import OmegaConf
 from configs.models import GPT2_SHAPES, MODEL_DIR
 from evaluation.downstream import model_size
 from scripts.bench_optimizer import gpt2_shapes
-from scripts.runs import SIZE_ORDER, model_label
+from scripts.run_labels import SIZE_ORDER, model_label
 
 
 def test_gpt2_sizes_are_read_from_their_model_configs_smallest_first():

@@ -10,7 +10,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from scripts.make_table import PAPER_VAL_LOSS, load_wandb_csv, main, make_table
-from scripts.runs import count_label, load_runs
+from scripts.run_labels import count_label
+from scripts.run_selection import load_runs
 from scripts.target_loss import Reached, duration_label, reached
 
 REPOSITORY = Path(__file__).resolve().parents[2]

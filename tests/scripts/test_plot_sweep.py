@@ -7,7 +7,7 @@ import pytest
 from matplotlib.colors import same_color
 
 from scripts.plot_sweep import CROSS_SPACING, REFUSED_NOTE, STOPPED_NOTE, main, panel_figure, sweep_lines
-from scripts.runs import load_runs
+from scripts.run_selection import load_runs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TINY = ["model=tiny", "data=embedded", "train.max_iters=100"]

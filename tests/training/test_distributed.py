@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from scripts.runs import load_run
+from scripts.run_reading import load_run
 from training.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from configs.schema import OPTIMIZER_SCHEMAS, OptimizerConfig, register_configs, validate
 from model import GPT, GPTConfig
-from scripts.runs import optimizer_label, without_defaults
+from scripts.run_labels import optimizer_label, without_defaults
 from training.optimizers import build_optimizer
 from training.registry import OPTIMIZERS, OptimizerEntry
 from training.resume import STATE_DEFINING_KEYS

@@ -17,7 +17,7 @@ from data.embedded import prepare_embedded
 from scripts.make_table import make_table
 from scripts.plot_curves import CLIPPED_NOTE, every_point_lines, group_figure
 from scripts.plot_sweep import panel_figure, sweep_lines
-from scripts.runs import load_runs
+from scripts.run_selection import load_runs
 from training.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
