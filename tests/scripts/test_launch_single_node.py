@@ -47,9 +47,7 @@ def test_a_sigterm_to_the_script_reaches_every_rank_which_checkpoint_their_step(
     output = script.communicate(timeout=300)[0]
     assert "on a termination signal" in output and "resume: " in output, output
     assert list((run_dir / "checkpoints").glob("ckpt_*.pt")), output
-<<<<<<< HEAD
     assert script.returncode == 1, output
-=======
 
 
 @pytest.mark.slow
@@ -68,4 +66,3 @@ def test_ctrl_c_ends_with_a_resume_line_that_reruns_the_script_with_the_same_pro
     resumed = follow_resume_line(last, without_settings)  # the line alone says where and with how many processes
     assert "2 processes | global batch 128 tokens" in resumed and "run finished at step 40 of 40" in resumed
     assert [launch["world_size"] for launch in launches(run_dir)] == [2, 2]
->>>>>>> sweep-resume
