@@ -12,7 +12,7 @@ listed in the output; one that no longer applies stops the check, by name.
 
 Their losses come from their log lines, printed to 4 decimals (``iter N: loss L`` is the loss of step N's last
 micro-batch, as computed: not divided by the accumulation steps; with one micro-batch per step that is the step's
-loss, ours ``train/loss``), ``step N: train loss T, val loss V`` their evaluation (ours ``train/loss_estimate``
+loss, ours ``train/loss`` of step N + 1, our steps counting from 1), ``step N: train loss T, val loss V`` their evaluation (ours ``train/loss_estimate``
 and ``val/loss``); best val loss is the running minimum of val loss on both sides. So "equal" here means within
 5e-5, the rounding of their print.
 """
@@ -143,11 +143,13 @@ def their_losses(log: str) -> dict[str, dict[int, float]]:
 
 
 def our_losses(records: list[dict]) -> dict[str, dict[int, float]]:
-    """The same figures from our metrics.jsonl records."""
-    def series(key):
-        return {r["step"]: r[key] for r in records if key in r}
+    """The same figures from our metrics.jsonl records. Our steps count from 1, their iterations from 0: our step
+    N's train/loss is the forward pass before the N-th update, their ``iter N - 1``; an evaluation at step N follows
+    N updates on both sides."""
+    def series(key, shift=0):
+        return {r["step"] - shift: r[key] for r in records if key in r}
     val = series("val/loss")
-    return {"train": series("train/loss"), "estimate": series("train/loss_estimate"), "val": val,
+    return {"train": series("train/loss", shift=1), "estimate": series("train/loss_estimate"), "val": val,
             "best_val": running_min(val)}
 
 

@@ -17,7 +17,7 @@ def run_stand_in(tmp_path, patches, *args):
 
 
 def write_our_metrics(run_dir: Path, train_offset: float = 0.0) -> None:
-    records = [{"step": step, "train/loss": 5.0 - step + (train_offset if step >= 2 else 0.0)} for step in range(4)]
+    records = [{"step": step + 1, "train/loss": 5.0 - step + (train_offset if step >= 2 else 0.0)} for step in range(4)]
     records += [{"step": step, "train/loss_estimate": 5.0 - step, "val/loss": 5.5 - step} for step in (0, 2)]
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
