@@ -9,7 +9,9 @@ our shards, and once more as FineWeb-Edu-style shards (``fineweb_train_*.bin``, 
 layout, which their FineWeb-Edu trainers and our loader both read). Per optimizer family, their trainer file runs
 unchanged but for the patches listed in the output (``scripts/authors_trainer_runner.py``), with their GPT-2 small
 config file and their own ``--key=value`` overrides for a tiny model; then train.py runs the matching preset with
-the same sizes, schedule and seed. Both in float32 on one CPU thread, without torch.compile.
+the same sizes, schedule and seed. Both in float32 on one CPU thread, with torch.compile disabled
+(``TORCH_COMPILE_DISABLE=1``: their ``@torch.compile``'d Newton-Schulz functions run eagerly, as ours). A patch
+that no longer applies to their files stops the check before anything runs, naming it.
 
 Their trainer runs as rank 0 of a one-process DDP group (gloo), as each rank of their 8-GPU runs: one micro-batch a
 step (outside DDP their trainer multiplies the accumulation by 8, ``MARS/train_mars.py:122``), so the training
@@ -18,8 +20,8 @@ loss it logs, the last micro-batch's (``:412``), is the step's loss ours logs, a
 the training loss of iteration k (measured after k updates; ours logs it as step k + 1), and at each evaluation
 their ``estimate_loss``, train split and val split (ours: ``train/loss_estimate`` and ``val/loss``); and their
 final ``best_val_loss``. Prints, per family, the largest difference of each over the run and the first step at
-which any differs, and writes ``<output-dir>/check_against_authors_trainer_cpu.{md,json}`` (the JSON with every
-step's figures).
+which any differs at all (bitwise), and writes ``<output-dir>/check_against_authors_trainer_cpu.{md,json}`` (the
+JSON with every step's figures).
 """
 import argparse
 import json
@@ -36,6 +38,7 @@ import torch
 
 from data.embedded import prepare_embedded
 from data.shards import read_shard, write_shard
+from scripts.authors_trainer_runner import PatchError, check_patches
 from scripts.bench_report import run_record, write_report
 from training.metrics import read_metrics
 from training.provenance import checkout_commit
@@ -131,7 +134,8 @@ def patches_for(family: Family) -> list[Patch]:
 
 
 def check_authors_dir(authors_dir: Path, families: list[Family]) -> None:
-    """Exit with one line unless ``authors_dir`` holds every file the chosen families run or patch."""
+    """Exit with one line unless ``authors_dir`` holds every file the chosen families run or patch, and every patch
+    applies to its file (before anything runs: a stale patch is never skipped)."""
     if not authors_dir.is_dir():
         raise SystemExit(f"--authors-dir {authors_dir}: no such directory; give a checkout of AGI-Arena/MARS")
     for family in families:
@@ -139,6 +143,10 @@ def check_authors_dir(authors_dir: Path, families: list[Family]) -> None:
             if not (authors_dir / relative).is_file():
                 raise SystemExit(f"--authors-dir {authors_dir} does not look like a checkout of AGI-Arena/MARS: "
                                  f"{relative} is missing")
+    try:
+        check_patches([patch.for_runner(authors_dir) for family in families for patch in patches_for(family)])
+    except PatchError as err:
+        raise SystemExit(str(err)) from None
 
 
 # ------------------------------------------------------------------------------------------------- the corpus
@@ -233,7 +241,7 @@ def run_theirs(family: Family, authors_dir: Path, size: RunSize, corpus: Corpus,
     command = [sys.executable, str(RUNNER), "--patches", str(patches_file), "--record", str(record),
                str(authors_dir / family.trainer), *their_arguments(family, authors_dir, size, corpus, run_dir / "out")]
     environment = run_environment(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                                         MASTER_PORT=str(free_port()))
+                                  MASTER_PORT=str(free_port()))
     run_logged(command, work_dir, environment, run_dir / "output.log")
     return [json.loads(line) for line in record.read_text().splitlines()]
 
@@ -241,8 +249,8 @@ def run_theirs(family: Family, authors_dir: Path, size: RunSize, corpus: Corpus,
 def run_ours(family: Family, size: RunSize, corpus: Corpus, work_dir: Path) -> list[dict]:
     """train.py with the family's preset at the tiny sizes; its metrics records."""
     run_dir = work_dir / "runs" / f"{family.name}-ours"
-    command = [sys.executable, str(REPO_ROOT / "train.py"), *our_overrides(family, size, corpus, run_dir)]
     run_dir.mkdir(parents=True)
+    command = [sys.executable, str(REPO_ROOT / "train.py"), *our_overrides(family, size, corpus, run_dir)]
     run_logged(command, REPO_ROOT, run_environment(), run_dir / "output.log")
     return read_metrics(run_dir)
 

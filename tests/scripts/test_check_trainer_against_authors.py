@@ -88,6 +88,21 @@ def test_the_runner_patches_the_modules_their_trainer_imports_and_records_what_i
                        {"best_val_loss": 2.5}]
 
 
+def test_a_checkout_where_a_patch_no_longer_applies_is_refused_before_anything_runs(tmp_path):
+    authors = stand_in_checkout(tmp_path / "authors", STAND_IN.read_text().replace(
+        "    torch.cuda.set_device(device)\n", "    torch.cuda.set_device(device)  # another version\n"))
+    result = subprocess.run([sys.executable, "-m", "scripts.check_trainer_against_authors", "--authors-dir",
+                             str(authors), "--only", FAMILY.name, "--work-dir", str(tmp_path / "work"),
+                             "--output-dir", str(tmp_path / "results")],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"patch 'ddp-device' no longer applies to {authors / FAMILY.trainer}: its text "
+        "\"    device = f'cuda:{ddp_local_rank}'\\n    torch.cuda.set_device(device)\\n\" is not there; update the "
+        "patch for this version of their code"]
+    assert not (tmp_path / "work").exists() and not (tmp_path / "results").exists()
+
+
 def test_their_iteration_k_is_our_step_k_plus_one_and_their_evaluations_are_ours():
     theirs = check.their_curves([
         {"step": 0, "train/loss": 5.0, "val/loss": 6.0}, {"step": 0, "train/loss": 7.0, "lr": 0.0},
