@@ -202,6 +202,11 @@ def main(argv: list[str] | None = None) -> None:
             for compile_mode in args.compile_modes:
                 rows.append(bench_optimizer(optimizer_label, loss_chunk_size, args, device, compile_mode))
                 print(f"{rows[-1]['label']}: {rows[-1]['step_ms']:.1f} ms/step", file=sys.stderr)
+                # After every row, so that a run stopped at a time limit keeps the rows it finished.
+                write_rows(rows, args, argv, device)
+
+
+def write_rows(rows: list[dict], args, argv, device: torch.device) -> None:
     table = markdown_table(rows, device)
     record = run_record("bench_train", argv, device, model=args.model, batch_size=args.batch_size,
                         block_size=args.block_size, dtype=args.dtype, compile=args.compile,
@@ -210,6 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     write_report(args.output_dir, f"bench_train_{device.type}" + (f"_{args.tag}" if args.tag else ""),
                  f"Training step per optimizer, {args.model}, {args.batch_size} x {args.block_size} tokens", record,
                  table)
+
 
 if __name__ == "__main__":
     main()
