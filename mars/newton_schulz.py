@@ -110,8 +110,8 @@ def orthogonalise(matrices: list[Tensor], steps: int = 5, dtype: torch.dtype = t
 
     ``dtype`` and ``norm_in_dtype`` are :func:`mars.reference.newton_schulz5`'s; the results come back in
     ``out_dtype``. ``batch`` stacks same-shaped matrices into one batch (fewer, larger products); off by
-    default because it measured slower than one matrix at a time on both an H100 and a CPU
-    (results/bench_newton_schulz_*.md). With a ``graph`` (CUDA tensors only) this rank's work runs as one CUDA
+    default: slower than one matrix at a time on a CPU and on an H100 of 2026-11-23, 0.24-0.37x of it on an H200
+    of 2026-11-27 (docs/speed.md), and not yet offered by the optimizers. With a ``graph`` (CUDA tensors only) this rank's work runs as one CUDA
     graph, captured on the first call and replayed after (:class:`mars.cuda_graph.CapturedLists`: the same
     kernels without a launch each; without a ``process_group`` the results are the graph's output buffers,
     overwritten by its next call). With a ``process_group`` of several ranks, all holding the same

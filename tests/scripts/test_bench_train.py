@@ -24,6 +24,26 @@ def test_writes_a_row_per_optimizer_with_its_phases(tmp_path):
     assert "| AdamW | " in table and "| MARS-AdamW exact | " in table and "bench_train --device cpu" in table
 
 
+def test_a_run_stopped_after_its_first_row_keeps_that_row_on_disk(tmp_path, monkeypatch):
+    """A GPU round stops each part at its time limit: the rows finished by then must already be written."""
+    real_bench = bench_train.bench_optimizer
+    calls = []
+
+    def stopped_at_the_second_row(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # what a time limit's signal ends the run with
+        return real_bench(*args, **kwargs)
+    monkeypatch.setattr(bench_train, "bench_optimizer", stopped_at_the_second_row)
+    with pytest.raises(KeyboardInterrupt):
+        bench_train.main(["--device", "cpu", "--model", "tiny", "--batch-size", "2", "--block-size", "16",
+                          "--steps", "1", "--warmup", "0", "--optimizers", "AdamW", "MARS-Lion",
+                          "--output-dir", str(tmp_path)])
+    record = json.loads((tmp_path / "bench_train_cpu.json").read_text())
+    assert [row["label"] for row in record["rows"]] == ["AdamW"]
+    assert "| AdamW | " in (tmp_path / "bench_train_cpu.md").read_text()
+
+
 def test_loss_chunk_sizes_add_a_row_per_size_beside_the_plain_loss(tmp_path):
     bench_train.main(["--device", "cpu", "--model", "tiny", "--batch-size", "2", "--block-size", "16",
                       "--steps", "1", "--warmup", "0", "--optimizers", "AdamW", "--loss-chunk-sizes", "0", "12",
