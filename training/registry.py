@@ -8,11 +8,12 @@ Adding an optimizer: its update rule in ``mars/``, its config dataclass in ``con
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
-from configs.schema import AdamWConfig, MarsConfig, MarsMConfig, MoonlightConfig, MuonConfig
+from configs.schema import AdamWConfig, ConfigError, MarsConfig, MarsMConfig, MoonlightConfig, MuonConfig
 
 log = logging.getLogger("train")
 
@@ -85,8 +86,15 @@ class OptimizerEntry:
     schema: type  # its config dataclass in configs/schema.py; ``schema.name`` is the optimizer's name
     # The optimizer class and its constructor arguments but the parameters, for parameters on a device.
     arguments: Callable[[Mapping, torch.device], Arguments]
-    # A run's label in tables and figures (one per variant it runs) -> the name the table shows, in table order.
+    # A run's label in tables and figures (one per variant it runs) -> the name tables, figures and
+    # scripts/bench_train.py show, in table order.
     labels: dict[str, str]
+    # Its config check beyond what configs.schema checks of every optimizer (betas, eps, momentum, gamma, weight
+    # decays, learning rates by their names): raises ConfigError naming the key, before any data loads.
+    check: Callable[[Mapping], None] = lambda cfg: None
+    # The train.* settings it runs with by default (train.py's own otherwise); an experiment or the command line
+    # overrides them.
+    train_defaults: Mapping[str, Any] = field(default_factory=dict)
     # The label of a run of this config; by default its name.
     label: Callable[[Mapping], str] = lambda cfg: cfg["name"]
     # The model's parameters as its param groups; by default nanoGPT's grouping.
@@ -136,6 +144,13 @@ def mars_arguments(cfg, device: torch.device) -> Arguments:
                       weight_decay_1d=cfg.weight_decay_1d, backend=cfg.backend,
                       ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device, runs=mars_runs_newton_schulz(cfg)),
                       ns_form=cfg.ns_form, ns_cuda_graph=cfg.ns_cuda_graph)
+
+
+def check_mars_config(cfg) -> None:
+    from mars.reference import MARS_TYPES
+
+    if cfg["mars_type"] not in MARS_TYPES:
+        raise ConfigError(f"optimizer.mars_type must be one of {', '.join(MARS_TYPES)}, got {cfg['mars_type']!r}")
 
 
 def mars_label(cfg) -> str:
@@ -195,7 +210,7 @@ OPTIMIZERS: dict[str, OptimizerEntry] = {entry.name: entry for entry in (
     OptimizerEntry(MuonConfig, muon_arguments, labels={"muon": "Muon"}, orthogonalises=lambda cfg: True,
                    paper_rows=("muon",)),
     OptimizerEntry(
-        MarsConfig, mars_arguments, label=mars_label, orthogonalises=mars_runs_newton_schulz,
+        MarsConfig, mars_arguments, label=mars_label, check=check_mars_config, orthogonalises=mars_runs_newton_schulz,
         labels={"mars-exact": "MARS-exact", "mars-approx": "MARS-approx", "mars-lion-approx": "MARS-Lion",
                 "mars-lion-exact": "MARS-Lion-exact", "mars-shampoo-approx": "MARS-Shampoo",
                 "mars-shampoo-exact": "MARS-Shampoo-exact"},
