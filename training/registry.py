@@ -1,9 +1,11 @@
-"""Every optimizer the harness runs, named once: its config schema, how it is built, how the model's parameters
-are grouped for it, what a resume may not change, and how the tables and figures name it.
+"""Every optimizer the harness runs, named once: its config schema and check, its train.* defaults, how it is built,
+how the model's parameters are grouped for it, what a resume may not change, and how the tables and figures name
+it.
 
-Adding an optimizer: its update rule in ``mars/``, its config dataclass in ``configs/schema.py`` (a subclass of
-``OptimizerConfig``), one ``OptimizerEntry`` in ``OPTIMIZERS`` below (with the function that builds it), one YAML in
-``configs/optimizer/``, and its tests. Nothing else reads an optimizer's name.
+Adding an optimizer: its update rule in ``mars/``, one ``OptimizerEntry`` in ``OPTIMIZERS`` below (its config
+dataclass, a subclass of ``OptimizerConfig`` defined here or in ``configs/schema.py``, and the function that builds
+it), one YAML in ``configs/optimizer/``, and its test (docs/optimizers.md). The tests, benches and docs read the
+optimizers from here, the YAML files and ``mars/``'s modules.
 """
 import logging
 from collections.abc import Callable, Mapping
