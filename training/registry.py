@@ -85,7 +85,7 @@ class OptimizerEntry:
     """What the harness knows of one optimizer; ``cfg`` below is its ``optimizer`` config section (a DictConfig,
     or a saved run's dict)."""
 
-    schema: type  # its config dataclass in configs/schema.py; ``schema.name`` is the optimizer's name
+    schema: type  # its config dataclass (configs/schema.py or beside its row); ``schema.name`` is its name
     # The optimizer class and its constructor arguments but the parameters, for parameters on a device.
     arguments: Callable[[Mapping, torch.device], Arguments]
     # A run's label in tables and figures (one per variant it runs) -> the name tables, figures and
