@@ -27,6 +27,7 @@ from training import memory
 from training.distributed import (DistributedContext, all_gather_objects, distributed_session, stop_with_message,
                                   wrap_data_parallel)
 from training.divergence import DivergenceGuard, ValLossWatch, initial_val_loss
+from training.eval_weights import evaluation_weights
 from training.finished import keep_finished_checkpoints, nothing_left_to_train
 from training.hellaswag import training_items
 from training.metrics import MetricsLogger, StepWindow, default_run_name, read_metrics
@@ -125,7 +126,7 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
                          initial_val_loss(run_dir, ctx) if start_step else None)
     lookahead = getattr(local_optimizer(optimizer), "needs_lookahead_grad", False)
     if start_step == 0:
-        evaluate(train_model, train_batches, val_batches, 0, progress, metrics, watch, t, autocast, ctx)
+        evaluate(train_model, optimizer, train_batches, val_batches, 0, progress, metrics, watch, t, autocast, ctx)
     for step in range(start_step, t.max_iters):
         step_start = time.perf_counter()
         lr = apply_schedule(optimizer, step, schedule, cfg.optimizer)
@@ -156,10 +157,12 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
         if logging_now:
             metrics.log(window.record(done, progress.tokens, lr, train_loss, grad_norm, guard.skipped_steps))
         if evaluating:
-            evaluate(train_model, train_batches, val_batches, done, progress, metrics, watch, t, autocast, ctx)
+            evaluate(train_model, optimizer, train_batches, val_batches, done, progress, metrics, watch, t, autocast,
+                     ctx)
         if scoring_hellaswag:
-            metrics.log({"step": done, "tokens": progress.tokens,
-                         **hellaswag_accuracy(model, hellaswag_items, autocast, ctx)})
+            with evaluation_weights(optimizer):  # an averaging optimizer's (training/eval_weights.py)
+                metrics.log({"step": done, "tokens": progress.tokens,
+                             **hellaswag_accuracy(model, hellaswag_items, autocast, ctx)})
         if checkpointing:
             progress.checkpoint = save_run_checkpoint(run_dir, progress, model, optimizer, train_batches.draws,
                                                       config_dict, data_read, metrics.wandb_run_id,
@@ -177,10 +180,13 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
     watch.raise_if_diverged(progress.checkpoint)
 
 
-def evaluate(model, train_batches: TokenBatches, val_batches: TokenBatches, step: int, progress: Progress,
+def evaluate(model, optimizer, train_batches: TokenBatches, val_batches: TokenBatches, step: int, progress: Progress,
              metrics: MetricsLogger, watch: ValLossWatch, t, autocast, ctx: DistributedContext) -> None:
-    """Log the validation losses at ``step``; ``watch`` stops (or marks) a run whose loss rose above step 0's."""
-    losses = validation_losses(model, train_batches, val_batches, t.eval_iters, t.eval_sampling, step, autocast, ctx)
+    """Log the validation losses at ``step``, at the weights the optimizer evaluates at (training/eval_weights.py);
+    ``watch`` stops (or marks) a run whose loss rose above step 0's."""
+    with evaluation_weights(optimizer):
+        losses = validation_losses(model, train_batches, val_batches, t.eval_iters, t.eval_sampling, step, autocast,
+                                   ctx)
     metrics.log({"step": step, "tokens": progress.tokens, **losses})
     watch.check(step, losses["val/loss"], progress.checkpoint)
 

@@ -272,19 +272,30 @@ class Config:
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
-# Every optimizer's config dataclass by its name: a new subclass of OptimizerConfig joins without a list to edit.
-OPTIMIZER_SCHEMAS: dict[str, type] = {schema.name: schema for schema in OptimizerConfig.__subclasses__()}
+def optimizer_rows() -> dict:
+    """Every optimizer's row in the registry (training/registry.py) by its name: its schema, its config check, its
+    ``train.*`` defaults. A new optimizer joins with its row, its schema defined there or here. (Imported when
+    called: the registry imports the dataclasses of this module.)"""
+    from training.registry import OPTIMIZERS
+
+    return OPTIMIZERS
 
 
 def register_configs() -> None:
     """The schemas, for Hydra to merge the YAML into. (The default run directory, ``${unique_run_dir:...}``, is
-    resolved by train.py: ``training.run_dir.register_run_dir_resolver``.)"""
+    resolved by train.py: ``training.run_dir.register_run_dir_resolver``.)
+
+    Each optimizer's YAML types itself with ``/optimizer_<name>_schema``, which also sets the ``train.*`` defaults of
+    its registry row: after the schema's own, before an experiment's and the command line's, which override them.
+    """
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
-    # Outside the optimizer group (configs/optimizer/*.yaml type themselves with /optimizer_<name>_schema), so that
-    # Hydra's choices and --help offer only optimizers that train.
-    for name, schema in OPTIMIZER_SCHEMAS.items():
-        store.store(name=f"optimizer_{name}_schema", node=schema)
+    # Outside the optimizer group, so that Hydra's choices and --help offer only optimizers that train.
+    for name, entry in optimizer_rows().items():
+        store.store(name=f"optimizer_{name}_fields", node=entry.schema)
+        store.store(name=f"optimizer_{name}_train_defaults", node={"train": dict(entry.train_defaults)})
+        store.store(name=f"optimizer_{name}_schema", node={"defaults": [
+            f"/optimizer_{name}_fields@_here_", f"/optimizer_{name}_train_defaults@_global_", "_self_"]})
 
 
 class ConfigError(ValueError):
@@ -298,11 +309,11 @@ def _require(condition: bool, message: str) -> None:
 
 def check_known_keys(cfg) -> None:
     """Refuse keys that no schema knows, however they were added (``+optimizer.gama=0.1`` merges silently)."""
-    name = cfg.optimizer.get("name")
-    _require(name in OPTIMIZER_SCHEMAS, f"unknown optimizer.name {name!r}: the optimizers are "
-             f"{', '.join(OPTIMIZER_SCHEMAS)} (optimizer=<one of configs/optimizer/>)")
+    name, rows = cfg.optimizer.get("name"), optimizer_rows()
+    _require(name in rows, f"unknown optimizer.name {name!r}: the optimizers are "
+             f"{', '.join(rows)} (optimizer=<one of configs/optimizer/>)")
     sections = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "wandb": WandbConfig,
-                "optimizer": OPTIMIZER_SCHEMAS[name]}
+                "optimizer": rows[name].schema}
     for key in cfg:
         _require(key in sections, f"unknown config key {key!r}: the top-level keys are {', '.join(sections)}")
     for section, schema in sections.items():
@@ -324,6 +335,20 @@ def check_finite(cfg) -> None:
             numbers = value if OmegaConf.is_list(value) else [value]
             _require(all(not isinstance(x, float) or math.isfinite(x) for x in numbers),
                      f"{section}.{key}={value} is not a finite number: give it a finite value")
+
+
+def check_optimizer_hyperparameters(o) -> None:
+    """The ranges torch.optim's constructors check, by the names this harness's optimizers share: refused at start,
+    naming the key, not by the constructor once the data has loaded. An optimizer's own keys: its row's ``check``."""
+    for key, value in o.items():
+        if key.endswith(("betas", "betas_1d")):
+            _require(len(value) == 2 and all(0.0 <= beta < 1.0 for beta in value),
+                     f"optimizer.{key} must be a pair [beta1, beta2] with 0 <= beta < 1, got {list(value)}")
+        elif key == "momentum":
+            _require(0.0 <= value < 1.0, f"optimizer.momentum must be in [0, 1), got {value}")
+        elif key.endswith(("eps", "weight_decay", "weight_decay_1d", "gamma")) or key.startswith("lr_") or (
+                key.endswith("_lr")):
+            _require(value >= 0.0, f"optimizer.{key} must be >= 0, got {value}")
 
 
 def check_model(m) -> None:
@@ -379,10 +404,11 @@ def validate(cfg) -> None:
              f"{t.grad_multiplier}")
     _require(o.lr > 0.0, f"optimizer.lr must be positive, got {o.lr}")
     _require(0.0 <= t.min_lr <= o.lr, f"train.min_lr ({t.min_lr}) must lie in [0, optimizer.lr={o.lr}]")
-    for key in OPTIMIZER_SCHEMAS[o.name].part_lrs:
+    for key in optimizer_rows()[o.name].schema.part_lrs:
         _require(t.min_lr <= o[key], f"train.min_lr ({t.min_lr}) must not exceed optimizer.{key} ({o[key]}): "
                  f"every part of {o.name} decays to train.min_lr")
-    _require(o.weight_decay >= 0.0, f"optimizer.weight_decay must be >= 0, got {o.weight_decay}")
+    check_optimizer_hyperparameters(o)
+    optimizer_rows()[o.name].check(o)
     _require(t.eval_sampling == EvalSampling.fixed or cfg.data.sampling != Sampling.sequential,
              "train.eval_sampling=fresh draws random validation windows, which data.sampling=sequential does not "
              "serve: use train.eval_sampling=fixed, or data.sampling=random")

@@ -67,7 +67,8 @@ def gpt_from_state(state, checkpoint: Path) -> GPT:
     except (TypeError, ValueError) as err:
         raise ValueError(f"{checkpoint}: its model config does not make a model.GPTConfig ({_one_line(err)})") from None
     try:
-        model.load_state_dict(state["model"])
+        # An averaging optimizer's run keeps the weights it evaluates at beside its training weights.
+        model.load_state_dict(state.get("eval_model", state["model"]))
     except RuntimeError as err:
         raise ValueError(f"{checkpoint}: its weights do not fit the GPT of its own config ({_one_line(err)})") from None
     return model.eval()

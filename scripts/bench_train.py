@@ -34,23 +34,39 @@ from training.optimizers import build_optimizer
 from training.registry import OPTIMIZERS as REGISTRY
 from training.runtime import autocast_context, peak_flops, resolve_dtype
 
-OPTIMIZERS = {  # label: overrides of configs/
-    "AdamW": ["optimizer=adamw"],
-    "MARS-AdamW approx": ["optimizer=mars-adamw"],
-    "MARS-AdamW exact": ["optimizer=mars-adamw", "optimizer.is_approx=false"],
-    "MARS-Lion": ["optimizer=mars-lion"],
-    "Muon": ["optimizer=muon"],
-    "Muon fused_gram": ["optimizer=muon", "optimizer.ns_form=fused_gram"],  # mars/newton_schulz.py NS_FORMS
-    # Newton-Schulz replayed as one CUDA graph per step (mars/cuda_graph.py): CUDA only
-    "Muon CUDA graph": ["optimizer=muon", "optimizer.ns_cuda_graph=true"],
-    "Muon fused_gram CUDA graph": ["optimizer=muon", "optimizer.ns_form=fused_gram", "optimizer.ns_cuda_graph=true"],
-    "MARS-Shampoo": ["optimizer=mars-shampoo"],
-    "MARS-Shampoo CUDA graph": ["optimizer=mars-shampoo", "optimizer.ns_cuda_graph=true"],
-    "MARS-M approx": ["optimizer=mars-m"],
-    "MARS-M approx CUDA graph": ["optimizer=mars-m", "optimizer.ns_cuda_graph=true"],
-    "Moonlight": ["optimizer=moonlight"],
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CUDA_GRAPH = "optimizer.ns_cuda_graph=true"  # Newton-Schulz replayed as one CUDA graph per step: CUDA only
+# Rows beside each optimizer config's own: the paths worth timing against it.
+VARIANTS = {
+    "mars-adamw": [["optimizer.is_approx=false"]],
+    "muon": [["optimizer.ns_form=fused_gram"], [CUDA_GRAPH],  # mars/newton_schulz.py NS_FORMS
+             ["optimizer.ns_form=fused_gram", CUDA_GRAPH]],
+    "mars-shampoo": [[CUDA_GRAPH]],
+    "mars-m": [[CUDA_GRAPH]],
 }
-CUDA_ONLY = {label for label, overrides in OPTIMIZERS.items() if "optimizer.ns_cuda_graph=true" in overrides}
+
+
+def row_name(overrides: list[str]) -> str:
+    """The registry's label of the configured optimizer (as the tables print it), and the options it times."""
+    optimizer_cfg = compose_config(overrides).optimizer
+    entry = REGISTRY[optimizer_cfg.name]
+    options = [" fused_gram"] if optimizer_cfg.get("ns_form") == "fused_gram" else []
+    options += [" CUDA graph"] if optimizer_cfg.get("ns_cuda_graph") else []
+    return entry.labels[entry.label(optimizer_cfg)] + "".join(options)
+
+
+def benched_configs() -> dict[str, list[str]]:
+    """Label -> overrides of configs/: every optimizer config (configs/optimizer/), then its variants."""
+    rows = {}
+    for path in sorted(CONFIG_DIR.glob("optimizer/*.yaml")):
+        for options in [[], *VARIANTS.get(path.stem, [])]:
+            overrides = [f"optimizer={path.stem}", *options]
+            rows[row_name(overrides)] = overrides
+    return rows
+
+
+OPTIMIZERS = benched_configs()
+CUDA_ONLY = {label for label, overrides in OPTIMIZERS.items() if CUDA_GRAPH in overrides}
 PHASES = ("data", "forward", "backward", "look-ahead", "clip", "optimizer")
 BASELINE = "AdamW"
 

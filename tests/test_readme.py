@@ -131,3 +131,11 @@ def test_the_documented_help_lists_every_preset_and_cfg_job_prints_values_unchec
                                capture_output=True, text=True, timeout=300)
     assert unchecked.returncode == 0 and "  gamma: -0.1\n" in unchecked.stdout, unchecked.stderr
     assert "`optimizer.gamma=-0.1`" in (REPO / page).read_text()
+
+
+def test_no_page_lists_the_optimizer_configs_by_hand_so_a_new_one_needs_no_docs_edit():
+    names = [path.stem for path in (REPO / "configs" / "optimizer").glob("*.yaml")]
+    for page in DOC_PAGES:
+        for line in page.read_text().splitlines():
+            named = [name for name in names if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", line)]
+            assert len(named) < 4, f"{page.name} lists the optimizers by hand (configs/optimizer/ has them): {line}"

@@ -1,18 +1,21 @@
-"""Every optimizer the harness runs, named once: its config schema, how it is built, how the model's parameters
-are grouped for it, what a resume may not change, and how the tables and figures name it.
+"""Every optimizer the harness runs, named once: its config schema and check, its train.* defaults, how it is built,
+how the model's parameters are grouped for it, what a resume may not change, and how the tables and figures name
+it.
 
-Adding an optimizer: its update rule in ``mars/``, its config dataclass in ``configs/schema.py`` (a subclass of
-``OptimizerConfig``), one ``OptimizerEntry`` in ``OPTIMIZERS`` below (with the function that builds it), one YAML in
-``configs/optimizer/``, and its tests. Nothing else reads an optimizer's name.
+Adding an optimizer: its update rule in ``mars/``, one ``OptimizerEntry`` in ``OPTIMIZERS`` below (its config
+dataclass, a subclass of ``OptimizerConfig`` defined here or in ``configs/schema.py``, and the function that builds
+it), one YAML in ``configs/optimizer/``, and its test (docs/optimizers.md). The tests, benches and docs read the
+optimizers from here, the YAML files and ``mars/``'s modules.
 """
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
-from configs.schema import AdamWConfig, MarsConfig, MarsMConfig, MoonlightConfig, MuonConfig
+from configs.schema import AdamWConfig, ConfigError, MarsConfig, MarsMConfig, MoonlightConfig, MuonConfig
 
 log = logging.getLogger("train")
 
@@ -82,11 +85,18 @@ class OptimizerEntry:
     """What the harness knows of one optimizer; ``cfg`` below is its ``optimizer`` config section (a DictConfig,
     or a saved run's dict)."""
 
-    schema: type  # its config dataclass in configs/schema.py; ``schema.name`` is the optimizer's name
+    schema: type  # its config dataclass (configs/schema.py or beside its row); ``schema.name`` is its name
     # The optimizer class and its constructor arguments but the parameters, for parameters on a device.
     arguments: Callable[[Mapping, torch.device], Arguments]
-    # A run's label in tables and figures (one per variant it runs) -> the name the table shows, in table order.
+    # A run's label in tables and figures (one per variant it runs) -> the name tables, figures and
+    # scripts/bench_train.py show, in table order.
     labels: dict[str, str]
+    # Its config check beyond what configs.schema checks of every optimizer (betas, eps, momentum, gamma, weight
+    # decays, learning rates by their names): raises ConfigError naming the key, before any data loads.
+    check: Callable[[Mapping], None] = lambda cfg: None
+    # The train.* settings it runs with by default (train.py's own otherwise); an experiment or the command line
+    # overrides them.
+    train_defaults: Mapping[str, Any] = field(default_factory=dict)
     # The label of a run of this config; by default its name.
     label: Callable[[Mapping], str] = lambda cfg: cfg["name"]
     # The model's parameters as its param groups; by default nanoGPT's grouping.
@@ -136,6 +146,13 @@ def mars_arguments(cfg, device: torch.device) -> Arguments:
                       weight_decay_1d=cfg.weight_decay_1d, backend=cfg.backend,
                       ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device, runs=mars_runs_newton_schulz(cfg)),
                       ns_form=cfg.ns_form, ns_cuda_graph=cfg.ns_cuda_graph)
+
+
+def check_mars_config(cfg) -> None:
+    from mars.reference import MARS_TYPES
+
+    if cfg["mars_type"] not in MARS_TYPES:
+        raise ConfigError(f"optimizer.mars_type must be one of {', '.join(MARS_TYPES)}, got {cfg['mars_type']!r}")
 
 
 def mars_label(cfg) -> str:
@@ -195,7 +212,7 @@ OPTIMIZERS: dict[str, OptimizerEntry] = {entry.name: entry for entry in (
     OptimizerEntry(MuonConfig, muon_arguments, labels={"muon": "Muon"}, orthogonalises=lambda cfg: True,
                    paper_rows=("muon",)),
     OptimizerEntry(
-        MarsConfig, mars_arguments, label=mars_label, orthogonalises=mars_runs_newton_schulz,
+        MarsConfig, mars_arguments, label=mars_label, check=check_mars_config, orthogonalises=mars_runs_newton_schulz,
         labels={"mars-exact": "MARS-exact", "mars-approx": "MARS-approx", "mars-lion-approx": "MARS-Lion",
                 "mars-lion-exact": "MARS-Lion-exact", "mars-shampoo-approx": "MARS-Shampoo",
                 "mars-shampoo-exact": "MARS-Shampoo-exact"},

@@ -1,6 +1,7 @@
 """Resuming a run: the newest checkpoint every rank can read, and what a resume may change. Settings that keep the
 checkpoint's state meaningful take effect (and are logged); changes that would make it meaningless stop the run
 before anything is loaded."""
+import inspect
 import logging
 import shlex
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from configs.schema import lr_decay_end
 from data.authors_draws import AuthorsDraws
 from training.checkpoint import CheckpointReadError, latest_checkpoint, set_aside_checkpoints_after
 from training.distributed import DistributedContext, all_gather_objects
+from training.optimizers import local_optimizer
 from training.runtime import set_rng_state
 from training.summary import Progress
 from training.registry import OPTIMIZERS
@@ -76,21 +78,32 @@ def check_resumable(changes: dict[str, tuple], checkpoint_path) -> None:
         )
 
 
-def configured_hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict]:
-    """Every param group's settings but its parameters, as the config built them (call before loading a state)."""
+def constructor_arguments(optimizer_class: type) -> set[str]:
+    """The names of the arguments ``optimizer_class`` (and the classes it extends) takes: the settings a config
+    sets, which a param group may also set."""
+    return {name for cls in optimizer_class.__mro__ if issubclass(cls, torch.optim.Optimizer)
+            and cls is not torch.optim.Optimizer for name in inspect.signature(cls.__init__).parameters}
+
+
+def fresh_param_groups(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Every param group's keys but its parameters, as built from the config (call before loading a state)."""
     return [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
 
 
-def restore_hyperparameters(optimizer: torch.optim.Optimizer, configured: list[dict]) -> None:
+def restore_hyperparameters(optimizer: torch.optim.Optimizer, fresh: list[dict]) -> None:
     """Put the configured settings back after ``load_state_dict``, which brings the checkpoint's groups back.
 
-    Whatever the checkpoint's groups carried beside them (such as the schedule's ``peak_lr``) goes, so the
-    configured lr, betas, weight decay, gamma, ... take effect from the first resumed step.
+    The settings the config sets (the optimizer's constructor arguments: lr, betas, weight decay, gamma, ...) take
+    their configured value from the first resumed step. What the optimizer keeps in its groups beside them (a step
+    counter, a schedule-free average's weight) is its state and keeps the checkpoint's value. What only the
+    checkpoint's groups carry (the schedule's ``peak_lr``) goes.
     """
-    for group, settings in zip(optimizer.param_groups, configured, strict=True):
+    configured = constructor_arguments(type(local_optimizer(optimizer)))
+    for group, built in zip(optimizer.param_groups, fresh, strict=True):
+        kept = {key: group[key] for key in built if key not in configured and key in group}
         params = group["params"]
         group.clear()
-        group.update(settings, params=params)
+        group.update(built, **kept, params=params)
 
 
 def schedule_changes(saved_train: dict, t) -> list[str]:
@@ -116,10 +129,10 @@ def resume_from(ckpt: dict, checkpoint_path: Path, config_dict: dict, model, opt
     check_resumable(changes, checkpoint_path)
     if draws:
         draws.load_state_dict(authors_draws_of_this_rank(ckpt, checkpoint_path, ctx))
-    configured = configured_hyperparameters(optimizer)
+    fresh = fresh_param_groups(optimizer)
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
-    restore_hyperparameters(optimizer, configured)
+    restore_hyperparameters(optimizer, fresh)
     rng_states = ckpt["rng"]
     if len(rng_states) == ctx.world_size:
         set_rng_state(rng_states[ctx.rank])

@@ -6,6 +6,7 @@ from data.authors_draws import AuthorsDraws
 from training.checkpoint import CheckpointSaveError, checkpoint_step, save_checkpoint
 from training.distributed import DistributedContext, all_gather_objects
 from training.divergence import NOT_CHECKPOINTED, TrainingDiverged, non_finite_entries, non_finite_state_reason
+from training.eval_weights import evaluation_state_dict
 from training.optimizers import full_state_dict
 from training.run_dir import RunDirectoryError, RunDirectoryLock
 from training.runtime import rng_state
@@ -27,6 +28,7 @@ def save_run_checkpoint(run_dir: Path, progress: Progress, model, optimizer, dra
     # data.draws=authors: each rank's generators and the windows drawn ahead, for a resume to draw on alike
     draw_states = all_gather_objects(draws.state_dict(step), ctx) if draws else None
     optimizer_state = full_state_dict(optimizer)
+    eval_model = evaluation_state_dict(model, optimizer)  # an averaging optimizer's weights, for evaluation
     path, failure, diverged = None, None, None
     if ctx.is_main:
         state = {"model": model.state_dict(), "optimizer": optimizer_state, "step": step,
@@ -34,6 +36,8 @@ def save_run_checkpoint(run_dir: Path, progress: Progress, model, optimizer, dra
                  "wandb_run_id": wandb_run_id, "skipped_steps": skipped_steps}
         if draw_states:
             state["authors_draws"] = draw_states
+        if eval_model is not None:
+            state["eval_model"] = eval_model
         non_finite = non_finite_entries(state["model"], optimizer_state)
         if non_finite:
             diverged = non_finite_state_reason(non_finite)

@@ -2,7 +2,8 @@
 import logging
 import math
 
-from configs.schema import OPTIMIZER_SCHEMAS, LrSchedule
+from configs.schema import LrSchedule
+from training.registry import optimizer_entry
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def apply_schedule(optimizer, step: int, schedule: dict, optimizer_cfg) -> float
     """
     lr = learning_rate(step, peak_lr=optimizer_cfg.lr, **schedule)
     set_learning_rate(optimizer, lr, optimizer_cfg.lr)
-    schema = OPTIMIZER_SCHEMAS[optimizer_cfg.name]
+    schema = optimizer_entry(optimizer_cfg.name).schema
     for key in schema.proportional_lrs:
         set_part_lr(optimizer, key, optimizer_cfg[key] / optimizer_cfg.lr)
     for key in schema.part_lrs:

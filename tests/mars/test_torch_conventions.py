@@ -1,35 +1,51 @@
 """Every optimizer that mars exports, with every backend and path, against the conventions of ``torch.optim`` that
 generic optimizer tests (timm's ``tests/test_optim.py``, pytorch_optimizer's) hold a drop-in optimizer to."""
 import copy
+import importlib
 import inspect
 import pickle
+import pkgutil
 from pathlib import Path
 
 import pytest
 import torch
 
 import mars
-from mars import MARS, MarsM, MarsMEfficient, Moonlight, Muon, available_backends
+from mars import MARS, MarsM, Muon, available_backends
+from mars.optimizer import LookaheadGradient
 from tests.mars import saved_state_dicts
 
 needs_triton = pytest.mark.skipif("triton" not in available_backends("cpu"),
                                   reason="needs triton and TRITON_INTERPRET=1 (set by tests/conftest.py)")
 triton_case = [needs_triton, pytest.mark.triton_interpreter]
 
-# (optimizer class, constructor options): every exported optimizer with each of its backends or paths.
-OPTIMIZERS = [
-    pytest.param(MARS, dict(backend="reference"), id="mars-reference"),
-    pytest.param(MARS, dict(backend="torch"), id="mars-torch"),
-    pytest.param(MARS, dict(backend="triton"), id="mars-triton", marks=triton_case),
-    pytest.param(MARS, dict(backend="reference", mars_type="mars-shampoo"), id="mars-shampoo-reference"),
-    pytest.param(MARS, dict(backend="torch", mars_type="mars-shampoo"), id="mars-shampoo-torch"),
-    pytest.param(Muon, dict(foreach=True), id="muon-foreach"),
-    pytest.param(Muon, dict(foreach=False), id="muon-per-tensor"),
-    pytest.param(MarsM, dict(foreach=True), id="mars-m-foreach"),
-    pytest.param(MarsM, dict(foreach=False), id="mars-m-per-tensor"),
-    pytest.param(MarsMEfficient, dict(), id="mars-m-efficient"),
-    pytest.param(Moonlight, dict(), id="moonlight"),
-]
+
+def optimizers_of_mars() -> list[type]:
+    """Every optimizer the modules of ``mars`` define, exported or not: the public ``torch.optim.Optimizer`` classes
+    built from their parameters alone (not a base such as ``DispatchingOptimizer``, which takes ``defaults``)."""
+    modules = [importlib.import_module(f"mars.{module.name}") for module in pkgutil.iter_modules(mars.__path__)]
+    return [cls for module in modules for name, cls in vars(module).items()
+            if inspect.isclass(cls) and cls.__module__ == module.__name__ and not name.startswith("_")
+            and issubclass(cls, torch.optim.Optimizer) and "defaults" not in inspect.signature(cls).parameters]
+
+
+# The backends and paths of the optimizers that have several, beyond the default one.
+OTHER_PATHS = {
+    MARS: [dict(backend="reference"), dict(backend="triton"), dict(backend="reference", mars_type="mars-shampoo"),
+           dict(backend="torch", mars_type="mars-shampoo")],
+    Muon: [dict(foreach=False)],
+    MarsM: [dict(foreach=False)],
+}
+
+
+def case(cls, options):
+    marks = triton_case if options.get("backend") == "triton" else []
+    name = "-".join([cls.__name__, *(str(value) for value in options.values())])
+    return pytest.param(cls, options, id=name, marks=marks)
+
+
+# (optimizer class, constructor options): every optimizer of mars with its default path, then its others.
+OPTIMIZERS = [case(cls, options) for cls in optimizers_of_mars() for options in [{}, *OTHER_PATHS.get(cls, [])]]
 # A matrix and a vector, so that both rules of every optimizer step (the matrix rule and its AdamW part).
 SHAPES = [(5, 3), (3,)]
 # Large then small gradients: the norm clips act, and a second moment falls (amsgrad keeps its maximum).
@@ -94,6 +110,7 @@ def test_every_exported_optimizer_is_covered():
     covered = {param.values[0] for param in OPTIMIZERS}
     exported = {getattr(mars, name) for name in mars.__all__}
     assert {cls for cls in exported if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)} <= covered
+    assert {MARS, Muon, MarsM} <= covered
 
 
 def stepped_twice(cls, options):
@@ -147,11 +164,8 @@ def custom_subclass(cls):
     return type(f"Custom{cls.__name__}", (cls,), {"__init__": __init__, "__module__": __name__})
 
 
-# Module attributes, so that pickle finds them by name.
-CustomMARS, CustomMuon, CustomMarsM, CustomMarsMEfficient, CustomMoonlight = (
-    custom_subclass(cls) for cls in (MARS, Muon, MarsM, MarsMEfficient, Moonlight))
-SUBCLASSES = {MARS: CustomMARS, Muon: CustomMuon, MarsM: CustomMarsM, MarsMEfficient: CustomMarsMEfficient,
-              Moonlight: CustomMoonlight}
+SUBCLASSES = {cls: custom_subclass(cls) for cls in optimizers_of_mars()}
+globals().update({subclass.__name__: subclass for subclass in SUBCLASSES.values()})  # for pickle to find by name
 COPIES = {"deepcopy": copy.deepcopy, "pickle": lambda obj: pickle.loads(pickle.dumps(obj))}
 
 
@@ -175,9 +189,10 @@ def test_a_copy_or_pickle_steps_as_the_original(cls, options, how, subclass):
 def test_a_state_dict_whose_groups_lack_an_option_is_refused_naming_it_and_the_fix(cls, options):
     params, optimizer, before = stepped_twice(cls, options)
     lacking = copy.deepcopy(before)
-    del lacking["param_groups"][0]["ns_form"]  # as a state dict saved before the option existed
-    with pytest.raises(ValueError, match=f"param group 0 of the state dict has no 'ns_form'.*Add 'ns_form' to every "
-                                         f"saved param group.*{optimizer.defaults['ns_form']!r} is this optimizer's"):
+    option = list(optimizer.defaults)[-1]
+    del lacking["param_groups"][0][option]  # as a state dict saved before the option existed
+    with pytest.raises(ValueError, match=f"param group 0 of the state dict has no '{option}'.*Add '{option}' to every "
+                                         f"saved param group.*{optimizer.defaults[option]!r} is this optimizer's"):
         optimizer.load_state_dict(lacking)
     assert_same_state_dict(optimizer.state_dict(), before)
     another = MarsM if cls is Muon else Muon
@@ -186,8 +201,8 @@ def test_a_state_dict_whose_groups_lack_an_option_is_refused_naming_it_and_the_f
 
 
 # The exact scheme: each step needs the look-ahead gradient stashed before it.
-EXACT_SCHEME = [pytest.param(MARS, dict(backend="torch", is_approx=False), id="mars"),
-                pytest.param(MarsM, dict(is_approx=False), id="mars-m")]
+EXACT_SCHEME = [pytest.param(cls, dict(is_approx=False), id=cls.__name__) for cls in optimizers_of_mars()
+                if issubclass(cls, LookaheadGradient)]
 
 
 def stash_lookahead(optimizer, params, step):
@@ -412,8 +427,8 @@ def test_complex_parameters_are_refused_naming_the_workaround(cls, options):
         optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3, dtype=torch.complex64))]})
 
 
-# Every constructor argument of every exported optimizer, other than the parameters: a value other than the default
-# that a param group may set, or None for an option of the whole optimizer, which a group must be refused.
+# Constructor arguments of the optimizers but the parameters (group_value derives the others): a value other than
+# the default that a param group may set, or None for an option of the whole optimizer, which a group must refuse.
 GROUP_VALUES = {
     "lr": "doubled",
     "betas": (0.8, 0.9), "eps": 1e-3, "weight_decay": 0.3, "amsgrad": True, "gamma": 0.5, "mars_type": "mars-lion",
@@ -427,16 +442,28 @@ GROUP_VALUES = {
 OTHER_THAN_DEFAULT = {"is_approx": False, "backend": "reference", "process_group": "another group",
                       "ns_cuda_graph": True, "foreach": False}
 # mars-shampoo, so that every MARS option shows in the steps (ns_dtype and ns_form too).
-GROUP_BASE = {MARS: dict(mars_type="mars-shampoo", backend="torch"), Muon: {}, MarsM: {}, MarsMEfficient: {},
-              Moonlight: {}}
+GROUP_BASE = {cls: {} for cls in optimizers_of_mars()} | {MARS: dict(mars_type="mars-shampoo", backend="torch")}
 CONSTRUCTOR_ARGUMENTS = [pytest.param(cls, name, id=f"{cls.__name__}-{name}") for cls in GROUP_BASE
                          for name in list(inspect.signature(cls.__init__).parameters)[2:]]
 
 
+def group_value(cls, name):
+    """``GROUP_VALUES[name]``, or for an argument it does not name, a value other than its default by its type."""
+    if name in GROUP_VALUES:
+        return GROUP_VALUES[name]
+    default = inspect.signature(cls.__init__).parameters[name].default
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, float):
+        return default / 2 if default else 0.1
+    assert isinstance(default, tuple) and len(default) == 2, f"new argument {name}: add it to GROUP_VALUES"
+    return (0.8, 0.9)  # a pair of betas
+
+
 def constructor_options(cls, name):
-    """The constructor options that give every tensor what a group with ``GROUP_VALUES[name]`` gives its own."""
+    """The constructor options that give every tensor what a group with ``group_value(cls, name)`` gives its own."""
     if name != "lr":
-        return {name: GROUP_VALUES[name]}
+        return {name: group_value(cls, name)}
     return {"lr": 2 * inspect.signature(cls.__init__).parameters["lr"].default}
 
 
@@ -449,8 +476,7 @@ def trajectory(cls, groups_of, **options):
 
 @pytest.mark.parametrize("cls, name", CONSTRUCTOR_ARGUMENTS)
 def test_every_constructor_argument_works_per_param_group_or_is_refused_there(cls, name):
-    assert name in GROUP_VALUES, f"new argument {name}: add it to GROUP_VALUES (per group, or None: refused)"
-    if GROUP_VALUES[name] is None:
+    if group_value(cls, name) is None:
         with pytest.raises(ValueError, match=f"{name} is an option of the whole {cls.__name__}"):
             cls([{"params": new_params(), name: OTHER_THAN_DEFAULT[name]}])
         # The optimizer's own value is no conflict (ZeroRedundancyOptimizer passes every constructor argument in

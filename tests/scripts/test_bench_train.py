@@ -9,19 +9,19 @@ from scripts import bench_train
 
 def test_writes_a_row_per_optimizer_with_its_phases(tmp_path):
     bench_train.main(["--device", "cpu", "--model", "tiny", "--batch-size", "2", "--block-size", "16",
-                      "--steps", "2", "--warmup", "1", "--optimizers", "AdamW", "MARS-AdamW exact",
+                      "--steps", "2", "--warmup", "1", "--optimizers", "AdamW", "MARS-exact",
                       "--output-dir", str(tmp_path)])
     record = json.loads((tmp_path / "bench_train_cpu.json").read_text())
     rows = {row["label"]: row for row in record["rows"]}
-    assert list(rows) == ["AdamW", "MARS-AdamW exact"]
+    assert list(rows) == ["AdamW", "MARS-exact"]
     assert rows["AdamW"]["phase_ms"]["look-ahead"] == 0.0  # one gradient per step
-    assert rows["MARS-AdamW exact"]["phase_ms"]["look-ahead"] > 0.0  # the exact scheme's second gradient
+    assert rows["MARS-exact"]["phase_ms"]["look-ahead"] > 0.0  # the exact scheme's second gradient
     for row in rows.values():
         assert row["step_ms"] > 0 and row["tokens_per_s"] == 2 * 16 / (row["step_ms"] / 1000)
         assert all(row["phase_ms"][phase] > 0 for phase in ("forward", "backward", "optimizer"))
         assert row["mfu"] is None  # no peak FLOP/s is known for a CPU
     table = (tmp_path / "bench_train_cpu.md").read_text()
-    assert "| AdamW | " in table and "| MARS-AdamW exact | " in table and "bench_train --device cpu" in table
+    assert "| AdamW | " in table and "| MARS-exact | " in table and "bench_train --device cpu" in table
 
 
 def test_a_run_stopped_after_its_first_row_keeps_that_row_on_disk(tmp_path, monkeypatch):
@@ -62,7 +62,7 @@ def test_the_cuda_graph_rows_are_left_out_on_a_cpu_and_refused_when_asked_for(tm
     monkeypatch.setattr(bench_train, "markdown_table", lambda rows, device: "")
     bench_train.main(["--device", "cpu", "--output-dir", str(tmp_path)])
     assert bench_train.CUDA_ONLY == {"Muon CUDA graph", "Muon fused_gram CUDA graph", "MARS-Shampoo CUDA graph",
-                                     "MARS-M approx CUDA graph"}
+                                     "MARS-M CUDA graph"}
     assert benched == [label for label in bench_train.OPTIMIZERS if label not in bench_train.CUDA_ONLY]
     with pytest.raises(SystemExit) as exit:
         bench_train.main(["--device", "cpu", "--optimizers", "Muon CUDA graph", "--output-dir", str(tmp_path)])
@@ -93,3 +93,12 @@ def test_every_row_is_a_valid_config_of_what_it_names():
         assert ("fused_gram" in label) == (cfg.optimizer.get("ns_form") == "fused_gram"), label
         assert bench_train.orthogonalises(label) == (
             label.startswith(("Muon", "MARS-Shampoo", "MARS-M", "Moonlight"))), label
+
+
+def test_every_optimizer_config_has_a_row_named_as_the_registry_labels_it():
+    from training.registry import OPTIMIZERS as REGISTRY
+
+    for path in sorted(bench_train.CONFIG_DIR.glob("optimizer/*.yaml")):
+        optimizer_cfg = compose_config([f"optimizer={path.stem}"]).optimizer
+        entry = REGISTRY[optimizer_cfg.name]
+        assert bench_train.OPTIMIZERS[entry.labels[entry.label(optimizer_cfg)]] == [f"optimizer={path.stem}"]

@@ -7,12 +7,13 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from configs.schema import OPTIMIZER_SCHEMAS, ModelConfig, register_configs
+from configs.schema import ModelConfig, register_configs
 from model import GPT, GPTConfig
 from training import resume
 from training.checkpoint import CheckpointReadError, save_checkpoint
 from training.distributed import DistributedContext
 from training.optimizers import build_optimizer
+from training.registry import OPTIMIZERS as REGISTRY
 from training.resume import (STATE_DEFINING_KEYS, ResumeRefused, check_resumable, config_changes,
                              resume_from)
 from training.runtime import rng_state
@@ -122,7 +123,7 @@ def test_keys_a_checkpoint_does_not_record_are_not_reported_as_changed():
 
 def test_every_state_defining_key_is_a_config_key():
     fields = {f"model.{key}" for key in ModelConfig.__dataclass_fields__}
-    fields |= {f"optimizer.{key}" for schema in OPTIMIZER_SCHEMAS.values() for key in schema.__dataclass_fields__}
+    fields |= {f"optimizer.{key}" for entry in REGISTRY.values() for key in entry.schema.__dataclass_fields__}
     assert set(STATE_DEFINING_KEYS) <= fields
     check_resumable({"optimizer.lr": (1e-3, 2e-3)}, "ckpt.pt")  # hyperparameters pass
 
