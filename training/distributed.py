@@ -66,9 +66,9 @@ def stop_with_message(message: str, every_rank_meets_it: bool, restartable: bool
     rank of each node (each node's torchrun has an output of its own), which also hands it to torchrun as the
     failure's root cause (shown in torchrun's summary instead of a pointer to its docs); the other ranks wait
     quietly until torchrun stops them once that rank has failed (or exit after ``QUIET_RANK_EXIT_DELAY_S``), so
-    that its line is out first. A fault of one rank is told by that rank. Unless ``restartable``, the fault ends the job on every node, whatever torchrun's
-    ``--max-restarts``: a restart would meet it again (:func:`training.elastic.close_rendezvous`); the launch
-    script prints it last (scripts/reason_last.sh).
+    that its line is out first. A fault of one rank is told by that rank. Unless ``restartable``, the fault ends
+    the job on every node, whatever torchrun's ``--max-restarts``: a restart would meet it again
+    (:func:`training.elastic.close_rendezvous`); the launch script prints it last (scripts/reason_last.sh).
     """
     if every_rank_meets_it and not tells_faults_of_every_rank():
         time.sleep(QUIET_RANK_EXIT_DELAY_S)

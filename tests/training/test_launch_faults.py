@@ -21,11 +21,11 @@ WAIT_S = 120
 
 @contextlib.contextmanager
 def two_nodes(tmp_path: Path, *overrides: str, repos=(REPO, REPO), max_restarts: int = 3,
-              through_reason_last: bool = False):
-    """Both nodes of a job (node i runs ``repos[i]``'s train.py), node 0 first: its
-    torchrun holds the rendezvous's store, as the first node's does on a cluster. ``through_reason_last``: each
+              through_reason_last: bool = False, run_id: str | None = "job", cwd: Path | None = None):
+    """Both nodes of a job (node i runs ``repos[i]``'s train.py; run id None: torchrun's default), node 0 first:
+    its torchrun holds the rendezvous's store, as the first node's does on a cluster. ``through_reason_last``: each
     torchrun runs under the launch scripts' ``reason_last``, as scripts/slurm_multinode.sbatch runs it."""
-    port, run_id, nodes = free_port(), f"job-{uuid.uuid4().hex[:8]}", []
+    port, run_id, nodes = free_port(), run_id and f"{run_id}-{uuid.uuid4().hex[:8]}", []
     try:
         for index, repo in enumerate(repos):
             command = torchrun_node(f"127.0.0.1:{port}", run_id, str(repo / "train.py"), *SMALL, *overrides,
@@ -33,7 +33,7 @@ def two_nodes(tmp_path: Path, *overrides: str, repos=(REPO, REPO), max_restarts:
             if through_reason_last:
                 command = ["bash", "-c", 'source "$0" && reason_last "$@"', str(REPO / "scripts/reason_last.sh"),
                            *command]
-            nodes.append(start_node(command, repo, tmp_path / f"node{index}.log"))
+            nodes.append(start_node(command, repo, tmp_path / f"node{index}.log", cwd))
             if index == 0:
                 wait_for(lambda: listening(port), WAIT_S, "node 0's rendezvous store")
         yield nodes
@@ -97,20 +97,40 @@ def changed_copy(tmp_path: Path, edited: str) -> Path:
     return copy
 
 
-@pytest.mark.slow
-def test_a_refusal_under_max_restarts_ends_every_node_at_once_each_telling_it_once_and_last(tmp_path):
-    # Node 1 runs other code: every rank refuses, and a restart would refuse again. reason_last prints the reason
-    # again after torchrun's own output.
+def refused_on_both_nodes_at_once(tmp_path: Path, *overrides: str, **launch) -> list[list[str]]:
+    """Run a job that every rank refuses under ``--max-restarts=3``, each torchrun under reason_last (which prints
+    the reason again after torchrun's own output); returns each node's output, once both ended within seconds."""
     started = time.monotonic()
-    with two_nodes(tmp_path, "train.max_iters=2", f"hydra.run.dir={tmp_path / 'run'}",
-                   repos=(REPO, changed_copy(tmp_path, "mars/torch_backend.py")), through_reason_last=True) as nodes:
+    with two_nodes(tmp_path, "train.max_iters=2", *overrides, through_reason_last=True, **launch) as nodes:
         for node in nodes:
             node.wait(timeout=WAIT_S)
     assert time.monotonic() - started < 60, logs(tmp_path)
     assert [node.returncode != 0 for node in nodes] == [True, True], logs(tmp_path)
-    for index in (0, 1):
-        output = (tmp_path / f"node{index}.log").read_text().splitlines()
-        told = [at for at, line in enumerate(output) if line.startswith("error: the ranks of this job run different")]
-        assert len(told) == 2, output  # told by the node's rank, then again last
-        reason = output[told[1]:]  # to the end: the message's lines
-        assert output[told[0]:told[0] + len(reason)] == reason and "holds other source files" in reason[0], output
+    return [(tmp_path / f"node{index}.log").read_text().splitlines() for index in (0, 1)]
+
+
+def told_once_and_last(output: list[str], reason_start: str) -> list[str]:
+    """The reason (its lines) that ``output`` ends with, after asserting that the node's rank told it once before."""
+    told = [at for at, line in enumerate(output) if line.startswith(reason_start)]
+    assert len(told) == 2, output  # told by the node's first rank, then again last
+    reason = output[told[1]:]  # to the end: the message's lines
+    assert output[told[0]:told[0] + len(reason)] == reason, output
+    return reason
+
+
+@pytest.mark.slow
+def test_a_node_running_other_code_under_max_restarts_ends_every_node_at_once_each_telling_it_once_and_last(
+        tmp_path):
+    outputs = refused_on_both_nodes_at_once(tmp_path, f"hydra.run.dir={tmp_path / 'run'}",
+                                            repos=(REPO, changed_copy(tmp_path, "mars/torch_backend.py")))
+    for output in outputs:
+        reason = told_once_and_last(output, "error: the ranks of this job run different code: rank 1")
+        assert "holds other source files than rank 0" in reason[0] and "mars/torch_backend.py" in reason[0]
+
+
+@pytest.mark.slow
+def test_a_launch_without_a_run_id_under_max_restarts_ends_every_node_at_once_each_telling_it_once_and_last(
+        tmp_path):
+    # Started from tmp_path, so that outputs/ lands there.
+    for output in refused_on_both_nodes_at_once(tmp_path, run_id=None, cwd=tmp_path):
+        told_once_and_last(output, "error: under torchrun without --rdzv-id the ranks cannot agree")
