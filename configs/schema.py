@@ -248,7 +248,8 @@ class TrainConfig:
     stop_on_diverged_val_loss: bool = True
     zero1: bool = False  # shard the optimizer state across DDP ranks (ZeRO stage 1)
     # Seconds a rank waits for the others (to join the group, in each collective) before it fails and the job
-    # ends or restarts (torchrun --max-restarts): what a frozen node costs. Must outlast a checkpoint's write.
+    # ends, on c10d nodes whatever torchrun's --max-restarts: what a frozen node costs. Must outlast a checkpoint's
+    # write.
     distributed_timeout_s: float = 600.0
 
 

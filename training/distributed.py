@@ -4,6 +4,7 @@ import gc
 import json
 import logging
 import os
+import re
 import time
 import traceback
 import uuid
@@ -23,14 +24,19 @@ import torch.distributed as dist
 import torch.distributed.nn  # noqa: F401
 from torch.nn.parallel import DistributedDataParallel
 
+from training.elastic import close_rendezvous
+
 log = logging.getLogger(__name__)
 # How long a rank waits for the others: to join the group, then in every collective. A frozen or lost node ends the
 # job after this long (torch's own default is 30 minutes); it must outlast rank 0 writing a checkpoint.
 DEFAULT_TIMEOUT_S = 600.0
 STORE_POLL_S = 0.05
-# How long a rank that leaves the telling to rank 0 waits before exiting: torchrun stops it as soon as rank 0 has
-# failed, so this only bounds the wait where no agent does (ranks started by SLURM), and covers a slow rank 0.
+# How long a rank that leaves the telling to its node's first rank waits before exiting: torchrun stops it as soon as
+# that rank has failed, so this only bounds the wait where no agent does (ranks started by SLURM), and covers a slow
+# first rank.
 QUIET_RANK_EXIT_DELAY_S = 30.0
+# Set by scripts/reason_last.sh: the file that receives the reason a run stopped for, which the script prints last.
+REASON_VARIABLE = "TRAIN_REASON_FILE"
 
 
 @dataclass(frozen=True)
@@ -53,34 +59,56 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def stop_with_message(message: str, every_rank_meets_it: bool) -> NoReturn:
+def stop_with_message(message: str, every_rank_meets_it: bool, restartable: bool = False) -> NoReturn:
     """Exit with ``message`` as the process's last line and a non-zero status.
 
-    Under torchrun, a fault that every rank meets alike (a refused config) is told once: by rank 0, which also
-    hands it to torchrun as the failure's root cause (shown in torchrun's summary instead of a pointer to its
-    docs); the other ranks wait quietly until torchrun stops them once rank 0 has failed (or exit after
-    ``QUIET_RANK_EXIT_DELAY_S``), so that rank 0's line is out first. A fault of one rank is told by that rank.
+    A fault that every rank meets alike (a refused config) is told once: by rank 0, or under torchrun by the first
+    rank of each node (each node's torchrun has an output of its own), which also hands it to torchrun as the
+    failure's root cause (shown in torchrun's summary instead of a pointer to its docs); the other ranks wait
+    quietly until torchrun stops them once that rank has failed (or exit after ``QUIET_RANK_EXIT_DELAY_S``), so
+    that its line is out first. A fault of one rank is told by that rank. Unless ``restartable``, the fault ends
+    the job on every node, whatever torchrun's ``--max-restarts``: a restart would meet it again
+    (:func:`training.elastic.close_rendezvous`); the launch script prints it last (scripts/reason_last.sh).
     """
-    rank = int(os.environ["RANK"]) if launched_by_torchrun() else 0
-    if every_rank_meets_it and rank != 0:
+    if every_rank_meets_it and not tells_faults_of_every_rank():
         time.sleep(QUIET_RANK_EXIT_DELAY_S)
         raise SystemExit(1)
-    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if error_file and launched_by_torchrun():
-        with contextlib.suppress(OSError):  # the message on stderr is what matters
-            # torchrun's record format; py_callstack is what its summary shows
-            Path(error_file).write_text(json.dumps({"message": {"message": message, "extraInfo": {
-                "py_callstack": message, "timestamp": str(int(time.time()))}}}))
+    if launched_by_torchrun():
+        write_for_launchers(message, restartable)
+        if not restartable:
+            close_rendezvous()
     raise SystemExit(message)
+
+
+def tells_faults_of_every_rank() -> bool:
+    """Whether this rank is the one to tell a fault that every rank meets: under torchrun's agent the first rank of
+    its node, else rank 0."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return int(os.environ.get("LOCAL_RANK", "0")) == 0
+    return not launched_by_torchrun() or int(os.environ["RANK"]) == 0
+
+
+def write_for_launchers(message: str, restartable: bool) -> None:
+    """Give ``message`` to torchrun, whose summary names it as the root cause, and, where it ends the job, to a
+    launch script that asked for it (``REASON_VARIABLE``): torchrun's own record of a job it ended on a closed
+    rendezvous holds only its own error."""
+    # torchrun's record format; py_callstack is what its summary shows
+    record = json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": message,
+                                                                       "timestamp": str(int(time.time()))}}})
+    files = {"TORCHELASTIC_ERROR_FILE": record, **({} if restartable else {REASON_VARIABLE: f"{message}\n"})}
+    for variable, text in files.items():
+        if os.environ.get(variable):
+            with contextlib.suppress(OSError):  # the message on stderr is what matters
+                Path(os.environ[variable]).write_text(text)
 
 
 def init_distributed(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistributedContext:
     """Join the torchrun process group if there is one; on CUDA each process takes the GPU of its local rank.
 
     A rank that waits longer than ``timeout_s`` seconds for the others, to join or in any collective later,
-    raises (Gloo: an error naming the timeout; NCCL's watchdog aborts the process): the rank exits non-zero, and
-    torchrun ends the job or, with ``--max-restarts``, restarts every node's workers (which resume from the
-    checkpoint).
+    raises (Gloo: :class:`DistributedTimeout`, turned into one by :func:`distributed_session` in a collective;
+    NCCL's watchdog aborts the process): the rank exits non-zero, and torchrun ends the job (on c10d nodes
+    whatever its ``--max-restarts``: a restart would wait for the same node again).
     """
     if not launched_by_torchrun():
         return DistributedContext(device=device)
@@ -112,8 +140,26 @@ def init_distributed(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S)
     return DistributedContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 
-class GroupJoinTimeout(ValueError):
+class DistributedTimeout(ValueError):
+    """A rank waited ``train.distributed_timeout_s`` for others: a restart would wait for them again."""
+
+
+class GroupJoinTimeout(DistributedTimeout):
     """The other ranks did not join the process group in time; the message names the address and the fixes."""
+
+
+# Gloo's error when a collective's peer sends nothing within the group's timeout (NCCL's watchdog aborts instead).
+GLOO_TIMEOUT = re.compile(r"Timed out waiting \d+ms for (recv|send) operation")
+
+
+def collective_timeout(ctx: DistributedContext, timeout_s: float) -> DistributedTimeout:
+    """The one-line error of a collective that timed out on this rank: which setting, its value, and the rank that
+    stopped answering where the group tells (with two ranks, the other)."""
+    silent = f"rank {1 - ctx.rank}" if ctx.world_size == 2 else "another rank"
+    return DistributedTimeout(
+        f"{silent} stopped answering: rank {ctx.rank} waited train.distributed_timeout_s={timeout_s:g} seconds for "
+        "it in a collective (its node is down, frozen or slower than that: raise train.distributed_timeout_s if a "
+        "step or a checkpoint write takes that long)")
 
 
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -225,6 +271,8 @@ def distributed_session(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT
         yield ctx
     except BaseException as err:
         traceback.clear_frames(err.__traceback__)
+        if isinstance(err, RuntimeError) and GLOO_TIMEOUT.search(str(err)):
+            raise collective_timeout(ctx, timeout_s) from None
         raise
     finally:
         shutdown_distributed()

@@ -21,6 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 
 from training.atomic import atomic_file
 from training.distributed import DistributedContext, all_gather_objects
+from training.elastic import torchrun_command
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PATCH_DIR = "code"  # in the run directory: one patch per launch that ran uncommitted changes
@@ -153,15 +154,6 @@ def check_same_code(ranks: list[dict]) -> None:
                 f"the ranks of this job run different code: rank {rank} ({report['host']}) holds other source "
                 f"files than rank 0 ({ranks[0]['host']}): {', '.join(differ)}\ncopy the same code to every node "
                 f"(commit {ranks[0]['commit'] or 'unknown'} on rank 0, {report['commit'] or 'unknown'} on rank {rank})")
-
-
-def torchrun_command() -> list[str] | None:
-    """torchrun's command line when this process is one of its workers (the worker's parent, read from /proc:
-    torchrun tells its workers nothing of its arguments); None where there is none."""
-    agent = Path(f"/proc/{os.getppid()}/cmdline")
-    if "TORCHELASTIC_RUN_ID" not in os.environ or not agent.is_file():
-        return None
-    return [os.fsdecode(arg) for arg in agent.read_bytes().split(b"\0") if arg]
 
 
 def launch_command() -> dict:

@@ -25,7 +25,7 @@ from configs.schema import ConfigError
 from data.loader import TokenBatches, TokenIdOutOfRange
 from training.atomic import atomic_file
 from training.checkpoint import CheckpointReadError, CheckpointSaveError, UnreadableCheckpoints
-from training.distributed import DistributedContext, all_gather_objects, stop_with_message
+from training.distributed import DistributedContext, DistributedTimeout, all_gather_objects, stop_with_message
 from training.divergence import TrainingDiverged
 from training.preemption import TerminatedEarlier, received_signal
 from training.provenance import DifferentCodeOnRanks, launcher_words
@@ -60,6 +60,9 @@ class FaultOfAnotherRank(ValueError):
 # Faults found alike by every rank (the config, or agreed on by a gather): under torchrun rank 0 alone tells them.
 ERRORS_EVERY_RANK_MEETS = (ConfigError, RunDirectoryError, TrainingDiverged, CheckpointSaveError, DifferentCodeOnRanks,
                            TokenIdOutOfRange, FaultOfEveryRank, FaultOfAnotherRank)
+# Faults that a restart of the job's workers would meet again (every rank's, or a rank that stopped answering and
+# for which a restart would wait as long again): they end the job on every node, torchrun's --max-restarts or not.
+ERRORS_A_RESTART_CANNOT_FIX = (*ERRORS_EVERY_RANK_MEETS, DistributedTimeout)
 
 
 def on_every_rank_alike(make: Callable[[], T], ctx: DistributedContext) -> T:
@@ -202,7 +205,8 @@ def end_failed(run_dir: Path, err: Exception, reason: str, step: int, sweep: boo
     point."""
     record_failure(run_dir, err, reason, step)
     if not sweep:
-        stop_with_message(f"error: {reason}", every_rank_meets_it=isinstance(err, ERRORS_EVERY_RANK_MEETS))
+        stop_with_message(f"error: {reason}", every_rank_meets_it=isinstance(err, ERRORS_EVERY_RANK_MEETS),
+                          restartable=not isinstance(err, ERRORS_A_RESTART_CANNOT_FIX))
     log.error("error: %s", reason)
     point_ended(run_dir, reason)
 
