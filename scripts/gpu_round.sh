@@ -10,7 +10,8 @@
 # Budget (seconds, ~530 in all): the tests and the authors' check run side by side (neither is timed); the timed
 # benches run one at a time after them. GPU_ROUND_SCALE multiplies every limit; GPU_ROUND_SKIP="name ..." skips
 # parts (default: train_autotune, whose compilation alone outlasted a 60 s part on an H200: a round of its own);
-# GPU_ROUND_WHEELS=DIR installs the wheels in DIR first (what the GPU machine's image lacks, docs/speed.md).
+# GPU_ROUND_WHEELS=DIR installs the wheels in DIR first (what the GPU machine's image lacks, docs/speed.md);
+# GPU_ROUND_DRY_RUN=1 prints each part's command instead of running it.
 set -u
 out=${1:?usage: scripts/gpu_round.sh OUTPUT_DIR [AUTHORS_DIR]}
 authors=${2:-}
@@ -29,6 +30,10 @@ part() {
         echo "$name: skipped (GPU_ROUND_SKIP)" | tee -a "$out/parts.txt"
         return
     fi
+    if [ -n "${GPU_ROUND_DRY_RUN:-}" ]; then
+        printf '%s:' "$name"; printf ' %q' "$@"; echo
+        return
+    fi
     echo "$(date -u +%H:%M:%S) $name: $*" >>"$out/commands.txt"
     timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1
     rc=$?
@@ -40,7 +45,7 @@ if [ -n "${GPU_ROUND_WHEELS:-}" ]; then
     "$python" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$GPU_ROUND_WHEELS"/*.whl || exit
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
-{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+[ -n "${GPU_ROUND_DRY_RUN:-}" ] || { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
   "$python" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
     >"$out/device.txt" 2>&1
 
@@ -60,13 +65,13 @@ wait
 part newton_schulz 70 "$python" -m scripts.bench_newton_schulz --device cuda --model-size small --compile --reps 10 \
     --output-dir "$out"
 part train_optimizers 80 "$python" -m scripts.bench_train "${small[@]}" --tag optimizers --optimizers AdamW \
-    "MARS-AdamW approx" Muon "Muon CUDA graph" "Muon fused_gram CUDA graph" MARS-Shampoo "MARS-Shampoo CUDA graph"
+    "MARS-approx" Muon "Muon CUDA graph" "Muon fused_gram CUDA graph" MARS-Shampoo "MARS-Shampoo CUDA graph"
 part train_mfu 60 "$python" -m scripts.bench_train "${small[@]}" --tag mfu --optimizers AdamW --loss-chunk-sizes 0 4096
-part train_mars_m 60 "$python" -m scripts.bench_train "${small[@]}" --tag mars_m --optimizers AdamW "MARS-M approx" \
-    "MARS-M approx CUDA graph" Moonlight
+part train_mars_m 60 "$python" -m scripts.bench_train "${small[@]}" --tag mars_m --optimizers AdamW "MARS-M" \
+    "MARS-M CUDA graph" Moonlight
 part optimizer_overhead 30 "$python" -m scripts.bench_optimizer --triton-host-overhead --device cuda --reps 200 \
     --warmup 5 --output-dir "$out"
 # Skipped by default: max-autotune compiles for minutes; what it reaches in its time is kept row by row.
 part train_autotune 400 "$python" -m scripts.bench_train "${small[@]}" --tag autotune --optimizers AdamW \
     --compile-modes max-autotune-no-cudagraphs
-cat "$out/parts.txt"
+[ -n "${GPU_ROUND_DRY_RUN:-}" ] || cat "$out/parts.txt"

@@ -1,0 +1,43 @@
+"""scripts/gpu_round.sh, checked on the CPU before a GPU's short lease is spent on it: every part's command is one
+its script accepts, and the parts are the ones the Speed page quotes."""
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu_round.sh"
+
+
+def dry_run(tmp_path, **env) -> dict[str, list[str]]:
+    """Part name -> its command, as the script would run it."""
+    result = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), str(tmp_path / "authors")],
+                            env={**os.environ, "GPU_ROUND_DRY_RUN": "1", **env}, capture_output=True, text=True,
+                            check=True, cwd=ROOT)
+    commands = {}
+    for line in result.stdout.splitlines():
+        name, _, command = line.partition(":")
+        if command.strip().startswith("python"):
+            commands[name] = shlex.split(command)
+    return commands
+
+
+def test_the_round_has_every_part_the_speed_page_quotes_and_skips_autotune_unless_asked(tmp_path):
+    assert list(dry_run(tmp_path)) == ["tests", "authors", "newton_schulz", "train_optimizers", "train_mfu",
+                                       "train_mars_m", "optimizer_overhead"]
+    assert "train_autotune" in dry_run(tmp_path, GPU_ROUND_SKIP="")
+    assert list(dry_run(tmp_path, GPU_ROUND_SKIP="tests authors")) == [
+        "newton_schulz", "train_optimizers", "train_mfu", "train_mars_m", "optimizer_overhead", "train_autotune"]
+
+
+@pytest.mark.slow
+def test_every_part_is_a_command_its_script_accepts(tmp_path):
+    """A label or option renamed in a bench script would cost a GPU round; argparse checks each argument it
+    reads before reaching the appended --help, so an unknown option or choice fails here."""
+    for name, command in dry_run(tmp_path, GPU_ROUND_SKIP="").items():
+        assert command[:2] == ["python3", "-m"], name
+        result = subprocess.run([sys.executable, *command[1:], "--help"], capture_output=True, text=True, cwd=ROOT)
+        assert result.returncode == 0, f"{name}: {result.stderr[-500:]}"
