@@ -116,6 +116,7 @@ def documented_train_command(page: Path, flag: str) -> list[str]:
     return [sys.executable, *command[1:]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", ["README.md", "docs/configuration.md"])
 def test_the_documented_help_lists_every_preset_and_cfg_job_prints_values_unchecked_as_the_docs_say(page):
     shown = subprocess.run(documented_train_command(REPO / page, "--help"), cwd=REPO, capture_output=True, text=True,
