@@ -1,12 +1,16 @@
 """The shape the code keeps so that the next contributor can read it: a training loop in one screen, without
 closures, and a README a newcomer finishes (details live in docs/)."""
 import ast
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LOOP_LINES = 110  # the loop's def to its last line, docstring included
 README_LINES = 250
 RUN_MODULE_LINES = 350  # each of the tables' reader's modules: a subject read in one sitting
+PRODUCT_PACKAGES = ("mars", "model", "data", "configs", "training", "evaluation", "scripts")
 
 
 def test_the_training_loop_reads_in_one_screen_and_train_py_defines_no_closures():
@@ -50,3 +54,62 @@ def test_the_tables_reader_stays_three_modules_each_read_in_one_sitting_importin
     backward = {f"{name} imports {later}" for i, name in enumerate(modules) for later in modules[i:]
                 if f"scripts.{later}" in imported_modules(REPO / "scripts" / f"{name}.py")}
     assert backward == set()
+
+
+def marked_slow(node: ast.AST) -> bool:
+    return "mark.slow" in ast.unparse(node)
+
+
+def fast_tests(path: Path) -> list[str]:
+    """The tests of a test file that `pytest -m "not slow"` runs."""
+    tree = ast.parse(path.read_text())
+    if any(isinstance(node, ast.Assign) and "pytestmark" in ast.unparse(node.targets) and marked_slow(node.value)
+           for node in tree.body):
+        return []
+    return [node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+            and node.name.startswith("test") and not any(marked_slow(d) for d in node.decorator_list)]
+
+
+def product_modules() -> dict[str, Path]:
+    """Every module of the product by its import name, packages (their __init__) and train.py included."""
+    modules = {"train": REPO / "train.py"}
+    for package in PRODUCT_PACKAGES:
+        for path in (REPO / package).glob("*.py"):
+            modules[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+    return modules
+
+
+def named_modules(path: Path) -> set[str]:
+    """The modules a file imports (`from scripts import x` names scripts.x) or runs (`-m scripts.x`, train.py)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.update({node.module, *(f"{node.module}.{alias.name}" for alias in node.names)})
+    text = path.read_text()
+    words = re.findall(rf"\b(?:{'|'.join(PRODUCT_PACKAGES)})[./]\w+", text)
+    run = {"train"} if "train.py" in text else set()
+    named = imported_modules(path) | names | {word.replace("/", ".") for word in words} | run
+    return named | {name.split(".")[0] for name in named}  # importing a module runs its package first
+
+
+def test_the_fast_tier_runs_tests_of_every_test_directory_and_reaches_every_product_module():
+    # `pytest -m "not slow"` answers in minutes; it still has to notice a module that no longer imports or runs.
+    modules = product_modules()
+    fast_files = [path for path in (REPO / "tests").rglob("test_*.py") if fast_tests(path)]
+    test_directories = {path.parent for path in (REPO / "tests").rglob("test_*.py")}
+    assert test_directories - {path.parent for path in fast_files} == set()
+    reached = {name for path in fast_files for name in named_modules(path) if name in modules}
+    waiting = list(reached)
+    while waiting:  # what a reached module imports runs too
+        for name in named_modules(modules[waiting.pop()]) & modules.keys() - reached:
+            reached.add(name)
+            waiting.append(name)
+    assert modules.keys() - reached == set()
+
+
+def test_train_py_starts_without_importing_zero_which_only_a_zero1_run_needs():
+    # Importing torch.distributed.optim pulls in FSDP and DTensor: seconds on each launch of train.py.
+    probe = "import sys, train; print('torch.distributed.optim' in sys.modules)"
+    imported = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120,
+                              check=True)
+    assert imported.stdout.strip() == "False"

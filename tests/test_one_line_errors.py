@@ -72,6 +72,7 @@ def edit_manifest(directory: Path, edit) -> None:
     (directory / "manifest.json").write_text(json.dumps(manifest))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edit, phrases", [
     (lambda m: m["shards"][0].pop("split"), ["shards[0] has no 'split'", "prepare the corpus again"]),
     (lambda m: m.update(vocab_size="50257"), ["vocab_size is '50257', not an integer", "prepare the corpus again"]),
@@ -81,22 +82,26 @@ def test_a_manifest_with_a_missing_or_mistyped_field_is_refused_by_name(tmp_path
     assert_one_line(train(tmp_path / "run", f"data.dir={corpus}"), str(corpus / "manifest.json"), *phrases)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content", [b"", b"\xff\xfe not json"], ids=["empty", "undecodable"])
 def test_an_empty_or_undecodable_manifest_is_refused(tmp_path, corpus, content):
     (corpus / "manifest.json").write_bytes(content)
     assert_one_line(train(tmp_path / "run", f"data.dir={corpus}"), "manifest.json", "prepare the corpus again")
 
 
+@pytest.mark.slow
 def test_a_shard_path_that_is_a_directory_is_named_as_one(tmp_path, corpus):
     (corpus / "val.bin").unlink()
     (corpus / "val.bin").mkdir()
     assert_one_line(train(tmp_path / "run", f"data.dir={corpus}"), f"{corpus / 'val.bin'} is a directory")
 
 
+@pytest.mark.slow
 def test_a_data_dir_that_is_a_file_is_named_as_one(tmp_path, corpus):
     assert_one_line(train(tmp_path / "run", f"data.dir={corpus / 'val.bin'}"), "is a file, not a directory")
 
 
+@pytest.mark.slow
 def test_a_data_dir_without_shards_names_the_command_that_makes_them(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -105,6 +110,7 @@ def test_a_data_dir_without_shards_names_the_command_that_makes_them(tmp_path):
     assert "README" not in last
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("unreadable", ["val.bin", "manifest.json", "."], ids=["shard", "manifest", "directory"])
 def test_unreadable_data_is_refused_naming_the_file(tmp_path, corpus, unreadable):
     target = corpus / unreadable
@@ -134,6 +140,7 @@ def limit_open_files(limit: int):
     return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
 
+@pytest.mark.slow
 def test_a_corpus_of_more_shards_than_the_open_file_limit_trains(tmp_path, corpus_of_many_shards):
     result = subprocess.run([sys.executable, str(REPO / "train.py"), f"hydra.run.dir={tmp_path / 'run'}", *SMALL,
                              f"data.dir={corpus_of_many_shards}", "train.eval_iters=4"], cwd=REPO,
@@ -159,6 +166,7 @@ load_split(Path(sys.argv[1]), "train", 50257)
 """
 
 
+@pytest.mark.slow
 def test_a_shard_that_the_open_file_limit_keeps_closed_says_to_raise_the_limit(tmp_path, corpus_of_many_shards):
     result = subprocess.run([sys.executable, "-c", OPEN_FILES_UNTIL_THE_LIMIT, str(corpus_of_many_shards)],
                             cwd=REPO, capture_output=True, text=True, timeout=300, env=environment({}),
@@ -179,12 +187,14 @@ def out_of_date_manifest(corpus: Path, vocab_size: int) -> None:
                                      [shard.update(max_token_id=vocab_size - 1) for shard in m["shards"]]))
 
 
+@pytest.mark.slow
 def test_token_ids_beyond_the_vocabulary_behind_an_out_of_date_manifest_stop_the_run_by_name(tmp_path, corpus):
     out_of_date_manifest(corpus, 1000)
     assert_one_line(train(tmp_path / "run", f"data.dir={corpus}", "model.vocab_size=1024"),
                     "holds token id 1500", "model.vocab_size is 1024", "prepare the corpus")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override", ["optimizer.lr=inf", "optimizer.gamma=nan", "optimizer.betas=[0.9,inf]"])
 def test_non_finite_hyperparameters_are_refused_at_start(tmp_path, override):
     result = train(tmp_path / "run", override)
@@ -192,6 +202,7 @@ def test_non_finite_hyperparameters_are_refused_at_start(tmp_path, override):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before any step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["--config-dir", "hydra.searchpath"])
 def test_a_yaml_syntax_error_in_the_users_own_config_is_named_by_file_line_and_column(tmp_path, where):
     config_dir = tmp_path / "my-configs"
@@ -213,6 +224,7 @@ def test_a_device_the_trainer_cannot_run_on_is_refused(tmp_path, device):
     assert_one_line(train(tmp_path / "run", f"train.device={device}"), f"train.device={device}", "cpu")
 
 
+@pytest.mark.slow
 def test_wandb_online_without_credentials_says_how_to_log_in_or_run_without(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
@@ -222,11 +234,13 @@ def test_wandb_online_without_credentials_says_how_to_log_in_or_run_without(tmp_
     assert_one_line(result, "wandb.mode=online", "No API key", "wandb login", "wandb.mode=offline")
 
 
+@pytest.mark.slow
 def test_a_stray_wandb_variable_left_in_the_shell_is_named(tmp_path):
     result = train(tmp_path / "run", "wandb.mode=offline", env={"WANDB_MODE": "bogus"})
     assert_one_line(result, "wandb.mode=offline could not start a wandb run", "mode")
 
 
+@pytest.mark.slow
 def test_a_run_directory_in_a_read_only_directory_is_refused_before_logging_starts(tmp_path):
     read_only = tmp_path / "read-only"
     read_only.mkdir()
@@ -236,6 +250,7 @@ def test_a_run_directory_in_a_read_only_directory_is_refused_before_logging_star
                     "hydra.run.dir")
 
 
+@pytest.mark.slow
 def test_a_read_only_run_directory_refuses_the_resume_and_keeps_the_run(tmp_path):
     run_dir = tmp_path / "run"
     first = train(run_dir)
@@ -248,6 +263,7 @@ def test_a_read_only_run_directory_refuses_the_resume_and_keeps_the_run(tmp_path
     assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == saved
 
 
+@pytest.mark.slow
 def test_a_default_run_directory_under_a_read_only_working_directory_is_refused(tmp_path):
     read_only = tmp_path / "read-only"
     read_only.mkdir()
@@ -258,6 +274,7 @@ def test_a_default_run_directory_under_a_read_only_working_directory_is_refused(
     assert_one_line(result, f"cannot write the run directory {read_only / 'outputs'}", "hydra.run.dir")
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once_with_one_line_and_keeps_the_checkpoints(tmp_path):
     run_dir = tmp_path / "run"
     process = subprocess.Popen([sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", *SMALL,
@@ -286,6 +303,7 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line_and_keeps_the_checkpoints(t
     assert not list((run_dir / "checkpoints").glob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_launcher_variables_left_in_the_shell_are_named_with_how_to_clear_them(tmp_path):
     env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": None, "MASTER_ADDR": None, "MASTER_PORT": None}
     assert_one_line(train(tmp_path / "run", env=env), "RANK=0 WORLD_SIZE=2",
@@ -298,6 +316,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", ["0", "1"])
 def test_a_full_set_of_launcher_variables_left_in_the_shell_ends_the_wait_with_one_line(tmp_path, rank):
     # Every variable torchrun sets, yet no other rank comes: after train.distributed_timeout_s, one line.
@@ -309,6 +328,7 @@ def test_a_full_set_of_launcher_variables_left_in_the_shell_ends_the_wait_with_o
     assert f"127.0.0.1:{env['MASTER_PORT']}" in last
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split", ["train", "val"])
 def test_a_token_id_beyond_the_vocabulary_in_one_ranks_batch_stops_every_rank_of_an_srun_launch(tmp_path, corpus,
                                                                                                  split):
@@ -344,6 +364,7 @@ def start_ranks(tmp_path, overrides_of_rank, timeout_s: int) -> list[subprocess.
                          "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})) for rank in (0, 1)]
 
 
+@pytest.mark.slow
 def test_data_no_rank_can_use_is_told_once_and_data_one_rank_lacks_stops_the_other_rank_too(tmp_path, corpus):
     timeout_s = 300
     edit_manifest(corpus, lambda m: m.update(vocab_size=60_000))  # more than model.vocab_size: every rank's fault

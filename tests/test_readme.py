@@ -13,20 +13,21 @@ DOC_PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "
 
 
 def readme_commands() -> list[str]:
-    """The two commands of the README's first code block: set up and train, set up and test."""
+    """The commands of the README's first code block: set up and train, set up and test, the fast tier."""
     lines = (REPO / "README.md").read_text().splitlines()
     start = lines.index("```bash") + 1
     return lines[start : lines.index("```", start)]
 
 
-def test_readme_opens_with_a_train_command_and_a_test_command():
-    train_command, test_command = readme_commands()
+def test_readme_opens_with_a_train_command_a_test_command_and_the_fast_tier_command():
+    train_command, test_command, fast_tier_command = readme_commands()
     assert train_command.endswith("python train.py")
     assert "pytest" in test_command
+    assert fast_tier_command.startswith(".venv/bin/python -m pytest") and fast_tier_command.endswith('-m "not slow"')
 
 
 def test_ci_runs_the_readme_test_command():
-    _, test_command = readme_commands()
+    _, test_command, _ = readme_commands()
     assert test_command in (REPO / ".ci" / "run").read_text()
 
 
@@ -115,6 +116,7 @@ def documented_train_command(page: Path, flag: str) -> list[str]:
     return [sys.executable, *command[1:]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", ["README.md", "docs/configuration.md"])
 def test_the_documented_help_lists_every_preset_and_cfg_job_prints_values_unchecked_as_the_docs_say(page):
     shown = subprocess.run(documented_train_command(REPO / page, "--help"), cwd=REPO, capture_output=True, text=True,

@@ -62,6 +62,7 @@ def test_run_resumed_from_a_checkpoint_continues_exactly_like_the_uninterrupted_
         assert launches[1]["patch"] is None and not (resumed / "code").exists()
 
 
+@pytest.mark.slow
 def test_a_fresh_run_in_a_used_directory_is_refused_unless_overwrite_and_then_keeps_nothing_of_the_old_run(tmp_path):
     run = (*SMALL, "train.max_iters=4", "train.eval_interval=4", "train.checkpoint_interval=2",
            "train.keep_checkpoints=1")
@@ -103,6 +104,7 @@ def test_issue_command_writes_falling_val_loss(tmp_path):
     assert {"step", "tokens", "lr", "train/loss", "grad_norm", "tokens_per_s"} <= record.keys()
 
 
+@pytest.mark.slow
 def test_divergence_stops_with_the_step_and_last_checkpoint(tmp_path):
     result = run_train(tmp_path, *SMALL, "train.max_iters=20", "optimizer.lr=1e30", "train.min_lr=0",
                        "train.warmup_iters=0", check=False)
@@ -119,6 +121,7 @@ def test_skipped_non_finite_steps_are_counted_in_the_log_before_the_run_stops(tm
     assert [r["skipped_steps"] for r in metrics(tmp_path) if "skipped_steps" in r] == [1, 2]
 
 
+@pytest.mark.slow
 def test_hellaswag_is_scored_periodically_when_asked(tmp_path):
     items = REPO / "tests" / "evaluation" / "hellaswag_sample.jsonl"
     run_train(tmp_path, *SMALL, "train.max_iters=3", "train.eval_interval=3", "train.hellaswag_interval=2",
@@ -132,6 +135,7 @@ def test_hellaswag_is_scored_periodically_when_asked(tmp_path):
     assert missing.returncode != 0 and "--download" in missing.stderr and "Traceback" not in missing.stderr
 
 
+@pytest.mark.slow
 def test_bad_value_stops_at_start_with_one_message(tmp_path):
     result = run_train(tmp_path, "train.batch_size=0", check=False)
     assert result.returncode != 0
@@ -147,6 +151,7 @@ def test_bad_value_stops_at_start_with_one_message(tmp_path):
     assert "Traceback" not in result.stderr and not (tmp_path / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_a_data_dir_without_data_custom_is_read_as_custom_and_labelled_by_its_directory(tmp_path):
     shards = prepare_embedded()  # any shard directory: the one the embedded corpus is built into will do
     result = run_train(tmp_path / "run", *SMALL, f"data.dir={shards}", "train.max_iters=2", "train.eval_interval=2")

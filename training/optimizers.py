@@ -1,8 +1,9 @@
 """Builds the optimizer named by the config (as training.registry describes it), and reads its state."""
+import sys
+
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from training.registry import optimizer_entry
 
@@ -30,13 +31,21 @@ def build_optimizer(cfg, model: nn.Module, zero1: bool = False) -> torch.optim.O
         # DDP ranks hold the same gradients: share the Newton-Schulz work out (ZeRO-1 already splits it).
         arguments["process_group"] = dist.group.WORLD
     if zero1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer  # here: importing it takes seconds (FSDP, DTensor)
+
         return ZeroRedundancyOptimizer(groups, optimizer_class=optimizer_class, **arguments)
     return optimizer_class(groups, **arguments)
 
 
+def is_zero(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` is ZeRO's sharded one: it cannot be unless build_optimizer imported ZeRO's module."""
+    zero = sys.modules.get("torch.distributed.optim")
+    return zero is not None and isinstance(optimizer, zero.ZeroRedundancyOptimizer)
+
+
 def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The optimizer that holds this rank's state: the sharded one inside ZeRO, else ``optimizer`` itself."""
-    return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    return optimizer.optim if is_zero(optimizer) else optimizer
 
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -48,7 +57,7 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> int:
 def full_state_dict(optimizer: torch.optim.Optimizer) -> dict | None:
     """The whole optimizer state for a checkpoint. Under ZeRO every rank must call this (it gathers the shards
     onto rank 0), and only rank 0 gets the dict."""
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
+    if is_zero(optimizer):
         optimizer.consolidate_state_dict(to=0)
         return optimizer.state_dict() if optimizer.rank == 0 else None
     return optimizer.state_dict()

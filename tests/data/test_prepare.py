@@ -435,6 +435,7 @@ def prepare_command(*args):
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_small_text_file_gets_split_advice_that_trains_and_overwrite_replaces_the_corpus_whole(
         tmp_path, jsonl_corpus, english_documents, prepare_settings):
     out = tmp_path / "out"

@@ -58,6 +58,7 @@ def hand_accuracy(run_dir) -> tuple[float, float]:
     return acc / len(documents), acc_norm / len(documents)
 
 
+@pytest.mark.slow
 def test_lm_eval_accuracy_on_the_exported_checkpoint_equals_the_hand_computation(scored_run):
     run_dir, _ = scored_run
     results = json.loads((run_dir / "downstream" / "results.json").read_text())["results"]["tiny_choice"]
@@ -65,6 +66,7 @@ def test_lm_eval_accuracy_on_the_exported_checkpoint_equals_the_hand_computation
     assert results["acc,none"] == pytest.approx(acc) and results["acc_norm,none"] == pytest.approx(acc_norm)
 
 
+@pytest.mark.slow
 def test_the_table_puts_the_run_beside_the_authors_rows_of_its_size(scored_run):
     run_dir, result = scored_run
     table = (run_dir / "downstream" / "table.md").read_text()
@@ -90,6 +92,7 @@ def test_the_authors_averages_are_the_means_of_their_rows():  # guards the trans
             assert sum(values[:-1]) / len(TASKS) == pytest.approx(values[-1], abs=0.011)
 
 
+@pytest.mark.slow
 def test_an_unknown_task_is_one_line_of_error(scored_run, tmp_path):
     run_dir, _ = scored_run
     result = subprocess.run([sys.executable, "-m", "evaluation.downstream", "--checkpoint", str(run_dir), "--tasks",

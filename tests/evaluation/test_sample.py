@@ -71,6 +71,7 @@ def trained_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 def test_the_command_prints_the_prompt_and_its_continuation_the_same_for_the_same_seed(trained_run, capsys):
     args = ["--checkpoint", str(trained_run), "--prompt", "ROMEO:", "--max-new-tokens", "10", "--seed", "7",
             "--num-samples", "2", "--device", "cpu"]
@@ -82,6 +83,7 @@ def test_the_command_prints_the_prompt_and_its_continuation_the_same_for_the_sam
     assert len(samples) == 2 and all(text.startswith("ROMEO:") and len(text) > len("ROMEO:") for text in samples)
 
 
+@pytest.mark.slow
 def test_a_directory_without_checkpoints_is_one_line_of_error(tmp_path):
     result = subprocess.run([sys.executable, "-m", "evaluation.sample", "--checkpoint", str(tmp_path)], cwd=REPO,
                             capture_output=True, text=True, timeout=300)

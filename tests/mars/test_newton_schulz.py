@@ -121,6 +121,7 @@ def test_every_form_is_the_reference_quintic_in_float64(form, shape):
         torch.testing.assert_close(result, expected, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm_in_dtype", [True, False])
 def test_the_fused_gram_form_in_bfloat16_is_nearer_float64_than_the_authors_forms(norm_in_dtype):
     # It rounds each product once instead of after every scaling and sum: about half the error of either order

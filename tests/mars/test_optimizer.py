@@ -123,6 +123,7 @@ def assert_same_trajectory(backend, dtype, **variant):
         assert all(v.dtype == torch.float32 for v in state.values() if torch.is_tensor(v))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("mars_type", reference.MARS_TYPES)
 @pytest.mark.parametrize("is_approx", [True, False], ids=["approx", "exact"])
@@ -133,6 +134,7 @@ def test_backend_follows_reference_trajectory_in_float32(backend, mars_type, is_
                            optimize_1d=optimize_1d)
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.triton_interpreter
 @pytest.mark.parametrize(
@@ -147,6 +149,7 @@ def test_triton_backend_follows_reference_trajectory_in_float32(mars_type, is_ap
 
 # Not Triton here: its interpreter truncates float32 -> bfloat16 casts (the GPU rounds to nearest even), so a
 # bfloat16 trajectory drifts by design on the CPU.
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("mars_type", reference.MARS_TYPES)
 @pytest.mark.parametrize("is_approx", [True, False], ids=["approx", "exact"])
@@ -275,6 +278,7 @@ def shampoo_trajectory(backend, ns_dtype, shapes, steps=5, ns_form="products"):
     return [p.detach() for p in params]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("is_approx", [True, False], ids=["approx", "exact"])
 def test_shampoo_fast_path_steps_bit_for_bit_as_the_reference(dtype, is_approx):
@@ -480,6 +484,7 @@ def train_tiny_model(call_sequence, mars_type, backend):
     return [p.detach() for p in model.parameters()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("mars_type", reference.MARS_TYPES)
 def test_exact_scheme_official_call_sequence_and_clean_api_agree(backend, mars_type):

@@ -164,6 +164,7 @@ def test_mixed_dtypes_and_steps_in_one_call_match_reference():
                    mars_type="mars-adamw", amsgrad=True, remember_grad=True)
 
 
+@pytest.mark.slow
 def test_norm_reduction_over_many_blocks_matches_reference(monkeypatch):
     # Small blocks give each tensor many partial sums, and the per-tensor reduction several iterations.
     monkeypatch.setattr(triton_backend, "BLOCK_SIZE", 128)

@@ -7,6 +7,7 @@ from configs.compose import compose_config
 from scripts import bench_train
 
 
+@pytest.mark.slow
 def test_writes_a_row_per_optimizer_with_its_phases(tmp_path):
     bench_train.main(["--device", "cpu", "--model", "tiny", "--batch-size", "2", "--block-size", "16",
                       "--steps", "2", "--warmup", "1", "--optimizers", "AdamW", "MARS-exact",
@@ -44,6 +45,7 @@ def test_a_run_stopped_after_its_first_row_keeps_that_row_on_disk(tmp_path, monk
     assert "| AdamW | " in (tmp_path / "bench_train_cpu.md").read_text()
 
 
+@pytest.mark.slow
 def test_loss_chunk_sizes_add_a_row_per_size_beside_the_plain_loss(tmp_path):
     bench_train.main(["--device", "cpu", "--model", "tiny", "--batch-size", "2", "--block-size", "16",
                       "--steps", "1", "--warmup", "0", "--optimizers", "AdamW", "--loss-chunk-sizes", "0", "12",
@@ -83,6 +85,7 @@ def test_compile_modes_add_a_row_per_mode_and_need_compile(tmp_path, monkeypatch
     assert "add --compile" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_every_row_is_a_valid_config_of_what_it_names():
     from configs.schema import validate
 

@@ -37,6 +37,7 @@ def our_sides(variant: check.Variant) -> tuple[check.Side, check.Side]:
             check.our_side(variant, copy.deepcopy(base), window))
 
 
+@pytest.mark.slow
 def test_a_directory_that_is_not_their_checkout_is_refused_in_one_line_naming_the_missing_file(tmp_path):
     (tmp_path / "MARS").mkdir()
     (tmp_path / "MARS" / "model.py").write_text("")
@@ -59,6 +60,7 @@ def test_a_checkout_missing_one_file_is_refused_naming_that_file(tmp_path):
         check.check_authors_dir(tmp_path / "absent")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", VARIANTS)
 def test_each_of_our_variants_against_itself_is_bitwise_at_every_step(name):
     rows = check.compare_sides(*our_sides(VARIANTS[name]), STEPS)
@@ -172,6 +174,7 @@ def test_the_triton_variants_run_where_our_triton_backend_does(tmp_path, monkeyp
         check.main(["--authors-dir", str(tmp_path), "--only", "mars-lion-approx-triton"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is of a machine without a GPU")
 def test_asking_for_cuda_without_a_gpu_is_refused_in_one_line(tmp_path):
     result = subprocess.run([sys.executable, "-m", "scripts.check_against_authors", "--authors-dir", str(tmp_path),

@@ -88,6 +88,7 @@ def test_the_runner_patches_the_modules_their_trainer_imports_and_records_what_i
                        {"best_val_loss": 2.5}]
 
 
+@pytest.mark.slow
 def test_a_checkout_where_a_patch_no_longer_applies_is_refused_before_anything_runs(tmp_path):
     authors = stand_in_checkout(tmp_path / "authors", STAND_IN.read_text().replace(
         "    torch.cuda.set_device(device)\n", "    torch.cuda.set_device(device)  # another version\n"))

@@ -29,6 +29,7 @@ def test_a_refused_run_ends_with_its_one_line_after_torchruns_summary(tmp_path):
     assert lines.count(message) == 2  # rank 0's line as it stopped, and the last one; none from rank 1
 
 
+@pytest.mark.slow
 def test_a_sigterm_to_the_script_reaches_every_rank_which_checkpoint_their_step(tmp_path):
     # A scheduler preempting a job signals the script it started; torchrun runs as its child. torchrun itself
     # exits 1 on SIGTERM whatever its workers do, and the script passes that on, as docs/multi-node.md says.

@@ -192,6 +192,7 @@ def test_custom_corpora_get_a_table_each_named_after_their_directory(tmp_path, m
     assert table_rows(table, "### custom-b-shards: best validation loss")["AdamW"] == ["5.000"]
 
 
+@pytest.mark.slow
 def test_every_setting_shows_its_best_on_fixed_windows_beside_the_papers_procedure(paper_runs, make_run):
     # The presets evaluate on fresh windows (the paper's figure) and score the fixed ones beside them.
     log = paper_runs / "adamw-seed1" / "metrics.jsonl"

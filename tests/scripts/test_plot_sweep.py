@@ -60,6 +60,7 @@ def legend_texts(figure) -> list[str]:
     return [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
 
 
+@pytest.mark.slow
 def test_a_point_with_a_stopped_seed_is_drawn_hollow_and_the_legend_says_why(sweep, make_run, caplog):
     make_run(sweep / "adamw-1e-2-seed2", [*TINY, "optimizer=adamw", "optimizer.lr=1e-2", f"train.min_lr={1e-2 / 10}",
                                           "train.seed=2"], [10.8, 6.6], 1024, eval_steps=[0, 50])
@@ -83,6 +84,7 @@ def test_a_point_with_a_stopped_seed_is_drawn_hollow_and_the_legend_says_why(swe
     plt.close(figure)
 
 
+@pytest.mark.slow
 def test_writes_an_lr_and_a_gamma_figure(sweep, tmp_path, capsys):
     main([str(sweep), "--out", str(tmp_path / "figures")])
     written = sorted(p.name for p in (tmp_path / "figures").iterdir())
@@ -115,6 +117,7 @@ def crosses(axes) -> list[tuple[list, list]]:
             if drawn.get_marker() == "x"]
 
 
+@pytest.mark.slow
 def test_a_diverged_point_is_a_cross_at_the_axis_and_a_refused_one_is_listed_under_it_not_placed(
         sweep, make_run, make_failure, tmp_path):
     mars = [*TINY, "optimizer=mars-adamw", "optimizer.lr=1e-2"]

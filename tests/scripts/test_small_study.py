@@ -50,6 +50,7 @@ def finished_run(make_run, out, optimizer, lr, best_val_loss):
               [10.8, best_val_loss], tokens_per_step=8 * 128)
 
 
+@pytest.mark.slow
 def test_the_sweep_extends_past_the_edge_that_holds_the_best_lr(tmp_path, make_run):
     adamw = small_study.OPTIMIZERS[0]
     for o in small_study.OPTIMIZERS:
@@ -61,6 +62,7 @@ def test_the_sweep_extends_past_the_edge_that_holds_the_best_lr(tmp_path, make_r
     assert small_study.best_lr(adamw, tmp_path) == 3e-4
 
 
+@pytest.mark.slow
 def test_every_run_has_the_presets_treatment_and_its_second_lr_follows_the_swept_one():
     by_name = {o.name: o for o in small_study.OPTIMIZERS}
     for name, key, ratio in (("mars-approx", "lr_1d", 0.5), ("mars-exact", "lr_1d", 0.5), ("muon", "adamw_lr", 0.15)):
@@ -74,6 +76,7 @@ def test_every_run_has_the_presets_treatment_and_its_second_lr_follows_the_swept
         assert o.name == "muon" or cfg.optimizer.decay_embeddings is False
 
 
+@pytest.mark.slow
 def test_the_gamma_phase_runs_every_gamma_with_every_seed_at_the_best_lr(tmp_path, make_run):
     for o in small_study.OPTIMIZERS:
         for lr, loss in zip(o.lrs, (6.5, 6.0, 6.5)):
@@ -90,6 +93,7 @@ def test_the_gamma_phase_runs_every_gamma_with_every_seed_at_the_best_lr(tmp_pat
     assert ran == expected and len(jobs) == len(expected)
 
 
+@pytest.mark.slow
 def test_contenders_are_the_lrs_within_the_margin_of_the_best_each_with_the_extra_seeds(tmp_path, make_run):
     adamw = small_study.OPTIMIZERS[0]
     for o in small_study.OPTIMIZERS:

@@ -41,12 +41,14 @@ def run_script(script, *args):
                           capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
+@pytest.mark.slow
 def test_one_read_per_step_gives_every_rank_the_mean_loss_the_norms_any_ranks_stop_signal_and_bad_token_ids():
     result = run_script("step_scalars.py")
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     assert "shard 0 holds token id 57 at token 6, but model.vocab_size is 50" in result.stdout  # on both ranks
 
 
+@pytest.mark.slow
 def test_ranks_holding_different_code_all_stop_before_training():
     result = run_script("different_code.py")
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
@@ -181,6 +183,7 @@ def test_a_run_resumed_by_more_processes_records_the_global_batch_it_doubles(tmp
     assert changed_on_resume[0]["changed"]["train.global_batch_size"] == [4, 8]
 
 
+@pytest.mark.slow
 def test_a_refused_config_is_told_once_by_rank_0_and_is_torchruns_root_cause(tmp_path):
     result = subprocess.run([*TORCHRUN, "train.py", f"hydra.run.dir={tmp_path}", *SMALL, "optimizer.lr=inf"],
                             cwd=REPO, capture_output=True, text=True, timeout=600)

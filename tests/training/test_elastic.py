@@ -129,6 +129,7 @@ def test_a_killed_worker_restarts_both_nodes_under_c10d_and_the_run_resumes_exac
     kill_a_worker_and_resume(tmp_path, victim)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("frozen_after", ["start", "ckpt_00000002.pt"])
 def test_a_frozen_node_ends_the_job_after_the_distributed_timeout(tmp_path, frozen_after):
     # Node 1's worker is stopped (SIGSTOP) as soon as it exists, or once training is under way: node 0's worker
@@ -154,6 +155,7 @@ def test_a_frozen_node_ends_the_job_after_the_distributed_timeout(tmp_path, froz
 
 
 # training/schedule.py is imported before the ranks compare their code; the optimizers in mars/ only after.
+@pytest.mark.slow
 @pytest.mark.parametrize("edited", ["training/schedule.py", "mars/torch_backend.py"])
 def test_a_node_running_a_changed_copy_without_git_stops_the_job(tmp_path, edited):
     # Node 1 runs a copy of the repository without .git (git cannot tell its commit) in which one line of one
@@ -171,6 +173,7 @@ def test_a_node_running_a_changed_copy_without_git_stops_the_job(tmp_path, edite
     assert not list((tmp_path / "run").rglob("ckpt_*.pt"))
 
 
+@pytest.mark.slow
 def test_torchrun_without_a_run_id_refuses_a_default_run_directory(tmp_path):
     # torchrun's default run id (no --rdzv-id) is "none" in every job: a timestamp per rank would split the ranks
     # (and each restart) into directories of their own. Started from tmp_path, so that outputs/ lands there.
@@ -184,6 +187,7 @@ def test_torchrun_without_a_run_id_refuses_a_default_run_directory(tmp_path):
     assert not list(tmp_path.rglob("metrics.jsonl"))
 
 
+@pytest.mark.slow
 def test_torchrun_with_a_run_id_gives_every_rank_one_default_run_directory(tmp_path):
     nodes = two_node_job(tmp_path, "train.max_iters=2", cwd=tmp_path)
     assert [node.returncode for node in nodes] == [0, 0], logs(tmp_path)

@@ -139,6 +139,7 @@ def uninterrupted_dir(tmp_path_factory):
 
 # The lr is pinned down in test_resume_settings.py: here its change would move the losses even when ignored
 # (the absolute min_lr changes the schedule's shape).
+@pytest.mark.slow
 @pytest.mark.parametrize("change, new_value", [("optimizer.gamma=0.2", 0.2),
                                                ("optimizer.betas=[0.5,0.5]", [0.5, 0.5]),
                                                ("optimizer.weight_decay=0.5", 0.5)])
@@ -185,6 +186,7 @@ def test_shards_swapped_behind_an_unchanged_data_dir_are_told_and_recorded_as_ch
     assert load_run(interrupted).setting != load_run(run_dir).setting  # a setting of its own for the tables
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change, key", [
     ("model.n_embd=64", "model.n_embd"),
     ("model.vocab_size=50257", "model.vocab_size"),
@@ -209,6 +211,7 @@ def run_record(run_dir) -> dict[str, str]:
             for name in ("metrics.jsonl", ".hydra/config.yaml", ".hydra/overrides.yaml")}
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_trains_nothing_and_leaves_its_record_as_it_was(tmp_path, uninterrupted_dir):
     finished = tmp_path / "finished"
     shutil.copytree(uninterrupted_dir, finished)
@@ -220,6 +223,7 @@ def test_resuming_a_finished_run_trains_nothing_and_leaves_its_record_as_it_was(
     assert run_record(finished) == record_before
 
 
+@pytest.mark.slow
 def test_a_state_gone_non_finite_is_never_checkpointed(tmp_path):
     # Warmup from lr 0: the first step leaves finite weights, the second one (lr 5e299) overflows them.
     small = [arg for arg in command(tmp_path, "optimizer.lr=1e300") if not arg.startswith("train.checkpoint_interval=")]
@@ -255,6 +259,7 @@ def test_ctrl_c_in_a_local_sweep_checkpoints_the_running_point_and_starts_no_oth
     assert not any(sweep.glob("1_*"))
 
 
+@pytest.mark.slow
 def test_a_resume_with_every_checkpoint_unreadable_stops_naming_them_and_keeps_the_log(tmp_path, uninterrupted_dir):
     resumed = interrupted_copy(uninterrupted_dir, tmp_path, "resumed")
     (resumed / "checkpoints" / "ckpt_00000008.pt").write_bytes(b"torn")
@@ -268,6 +273,7 @@ def test_a_resume_with_every_checkpoint_unreadable_stops_naming_them_and_keeps_t
     assert run_record(resumed) == record_before
 
 
+@pytest.mark.slow
 def test_a_resume_without_checkpoint_keeps_the_earlier_log_aside_and_starts_over(tmp_path, uninterrupted_dir):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -279,6 +285,7 @@ def test_a_resume_without_checkpoint_keeps_the_earlier_log_aside_and_starts_over
     assert train_losses(read_metrics(run_dir)) == train_losses(read_metrics(uninterrupted_dir))
 
 
+@pytest.mark.slow
 def test_a_resume_past_an_unreadable_newest_checkpoint_sets_it_aside_so_pruning_keeps_the_new_ones(tmp_path,
                                                                                                  uninterrupted_dir):
     resumed = interrupted_copy(uninterrupted_dir, tmp_path, "resumed")
@@ -313,6 +320,7 @@ def test_a_run_resumed_under_the_authors_draws_logs_the_uninterrupted_runs_losse
     assert losses(complete_run(resumed, *AUTHORS_DRAWS, "train.resume=true")) == losses(uninterrupted)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_the_authors_draws_is_not_resumed_under_them(tmp_path, uninterrupted_dir):
     resumed = interrupted_copy(uninterrupted_dir, tmp_path, "resumed")
     result = subprocess.run(command(resumed, "train.resume=true", *AUTHORS_DRAWS), cwd=REPO, capture_output=True,

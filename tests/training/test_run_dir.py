@@ -53,6 +53,7 @@ def assert_one_line_error(result, *phrases):
         assert phrase in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 def test_a_second_run_in_a_locked_directory_is_refused_naming_the_holder(tmp_path):
     with RunDirectoryLock(tmp_path):
         result = train(tmp_path, "train.resume=true")
@@ -60,6 +61,7 @@ def test_a_second_run_in_a_locked_directory_is_refused_naming_the_holder(tmp_pat
     assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / ".hydra").exists()
 
 
+@pytest.mark.slow
 def test_the_lock_of_a_process_that_died_does_not_block_its_resume(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
                               text=True)
@@ -181,6 +183,7 @@ def test_two_runs_launched_together_without_a_run_dir_write_to_two_directories(t
         assert [r["step"] for r in read_metrics(run_dir) if "val/loss" in r] == [0, 4]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_directory_that_cannot_be_written_stops_the_run_before_its_first_step(tmp_path):
     (tmp_path / "checkpoints").write_text("a file where the directory should be")
     result = train(tmp_path)
@@ -188,6 +191,7 @@ def test_a_checkpoint_directory_that_cannot_be_written_stops_the_run_before_its_
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_a_read_only_run_directory_is_found_at_start(tmp_path):
     from tests.test_one_line_errors import environment, without_root_file_access
 
@@ -200,6 +204,7 @@ def test_a_read_only_run_directory_is_found_at_start(tmp_path):
     assert result.returncode != 0 and "RunDirectoryError: cannot write checkpoints" in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 def test_a_run_directory_that_cannot_be_locked_is_one_line(tmp_path):
     from tests.test_one_line_errors import environment, without_root_file_access
 
@@ -232,6 +237,7 @@ def full_file_system(tmp_path):
         subprocess.run(["umount", str(mount_point)], check=True)
 
 
+@pytest.mark.slow
 def test_a_run_directory_on_a_full_file_system_is_one_line_naming_it_and_the_space(full_file_system):
     run_dir = full_file_system / "run"
     result = train(run_dir)
@@ -239,6 +245,7 @@ def test_a_run_directory_on_a_full_file_system_is_one_line_naming_it_and_the_spa
     assert result.stderr.strip().splitlines()[-1].startswith("error: "), result.stderr
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_save_removes_the_partial_file_keeps_the_previous_checkpoint_and_says_what_is_lost(
         tmp_path):
     assert train(tmp_path, "train.max_iters=2").returncode == 0
@@ -253,6 +260,7 @@ def test_a_full_disk_during_a_save_removes_the_partial_file_keeps_the_previous_c
     assert "resumed from" in resumed.stdout and "ckpt_00000002.pt at step 2" in resumed.stdout
 
 
+@pytest.mark.slow
 def test_a_failed_first_save_says_every_step_is_lost(tmp_path):
     result = train(tmp_path, limit_file_bytes=1 << 20)
     assert_one_line_error(result, "could not write", "no earlier checkpoint exists: all 2 steps are lost")
@@ -275,6 +283,7 @@ def test_a_failed_save_leaves_no_partial_file(tmp_path, monkeypatch):
     assert latest_checkpoint(tmp_path, torch.device("cpu"))[1]["step"] == 2
 
 
+@pytest.mark.slow
 def test_a_partial_file_left_by_a_killed_save_is_removed_at_start(tmp_path):
     assert train(tmp_path, "train.max_iters=2").returncode == 0
     partial = checkpoint_dir(tmp_path) / "ckpt_00000004.pt.tmp"
@@ -351,6 +360,7 @@ def test_resume_and_overwrite_together_are_refused_and_delete_nothing(tmp_path):
     assert sorted(tmp_path.rglob("*")) == before
 
 
+@pytest.mark.slow
 def test_a_full_disk_under_the_job_log_stops_the_run_with_one_line_and_keeps_its_checkpoint(tmp_path):
     assert train(tmp_path, "train.max_iters=2").returncode == 0
     saved = (checkpoint_dir(tmp_path) / "ckpt_00000002.pt").read_bytes()
@@ -365,6 +375,7 @@ def test_a_full_disk_under_the_job_log_stops_the_run_with_one_line_and_keeps_its
     assert read_metrics(tmp_path)[:len(logged)] == logged
 
 
+@pytest.mark.slow
 def test_a_full_disk_under_the_record_of_uncommitted_changes_stops_the_launch_with_one_line(tmp_path):
     # A checkout with an uncommitted change: each launch saves it as code/launch_<step>.patch in the run directory.
     copy = tmp_path / "checkout"
@@ -385,6 +396,7 @@ def test_a_full_disk_under_the_record_of_uncommitted_changes_stops_the_launch_wi
     assert not list(checkpoint_dir(run_dir).glob("ckpt_*.pt"))  # it stopped before training
 
 
+@pytest.mark.slow
 def test_a_full_disk_as_a_resume_rewrites_the_metrics_log_stops_with_one_line_and_keeps_the_log(tmp_path):
     assert train(tmp_path, "train.max_iters=2").returncode == 0
     logged = (tmp_path / "metrics.jsonl").read_bytes()

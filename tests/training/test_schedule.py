@@ -86,6 +86,7 @@ TINY = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_siz
         "train.eval_iters=1", "train.device=cpu", "train.max_iters=3", "train.eval_interval=3"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides, says", [
     (["train.warmup_iters=5"], "train.warmup_iters=5 is not below train.max_iters=3: the lr rises for the whole run "
                                "and never reaches its peak optimizer.lr=0.003 (the run ends at train.max_iters=3, "

@@ -49,6 +49,7 @@ def last_step(run_dir) -> int:
     return max((r["step"] for r in read_metrics(run_dir) if "train/loss" in r), default=0)
 
 
+@pytest.mark.slow
 def test_a_diverging_and_a_refused_point_are_recorded_and_every_other_point_runs(tmp_path):
     # Hydra's order: the first override varies slowest, so the refused and the diverging point come first.
     result = sweep(tmp_path, "train.max_iters=3", "train.eval_interval=3", "optimizer.lr=1e8,1e-3",
@@ -95,6 +96,7 @@ def test_a_sweep_whose_points_run_as_jobs_of_their_own_reports_this_launchs_fail
     assert again.returncode == 0 and "failed" not in again.stderr, again.stderr
 
 
+@pytest.mark.slow
 def test_a_single_run_that_fails_records_why_and_a_later_launch_that_trains_clears_it(tmp_path):
     command = [sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *TINY, "train.max_iters=3",
                "train.eval_interval=3"]
@@ -112,6 +114,7 @@ def test_a_single_run_that_fails_records_why_and_a_later_launch_that_trains_clea
     assert failure(tmp_path) is None
 
 
+@pytest.mark.slow
 def test_a_run_ends_with_a_summary_naming_its_losses_checkpoint_and_the_commands_to_resume_and_tabulate(tmp_path):
     result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *TINY, "train.max_iters=4",
                              "train.eval_interval=2"], cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -264,6 +267,7 @@ def test_a_sweep_whose_every_point_diverged_has_no_best_and_no_figure_but_a_line
     assert not (tmp_path / "sweeps").exists()
 
 
+@pytest.mark.slow
 def test_a_run_that_trains_on_past_its_blow_up_is_marked_diverged_at_its_end_and_step_0_is_not_its_best(tmp_path):
     result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *TINY, "train.max_iters=4",
                              "train.eval_interval=2", "optimizer.lr=10", "train.stop_on_diverged_val_loss=false"],
@@ -284,6 +288,7 @@ def script(name, *args) -> str:
     return result.stdout
 
 
+@pytest.mark.slow
 def test_finished_points_keep_the_last_or_no_checkpoint_as_asked_and_a_resume_of_the_sweep_retrains_nothing(tmp_path):
     overrides = ["train.max_iters=4", "train.eval_interval=2", "train.checkpoint_interval=2",
                  "train.finished_checkpoints=last,none"]
@@ -298,6 +303,7 @@ def test_finished_points_keep_the_last_or_no_checkpoint_as_asked_and_a_resume_of
     assert {run_dir: (run_dir / "metrics.jsonl").read_text() for run_dir in (last, none)} == logs
 
 
+@pytest.mark.slow
 def test_a_resume_that_raises_max_iters_continues_every_point_in_its_directory(tmp_path):
     # Train the sweep on: the points' names leave out how long and how often they log, so the same directories.
     first = sweep(tmp_path, "train.max_iters=2", "train.eval_interval=2", "optimizer.lr=1e-3,2e-3")
@@ -314,6 +320,7 @@ def test_a_resume_that_raises_max_iters_continues_every_point_in_its_directory(t
             {"train.eval_interval": [2, 1], "train.max_iters": [2, 4]}]
 
 
+@pytest.mark.slow
 def test_a_point_an_earlier_launch_named_otherwise_is_named_with_how_to_move_it_not_trained_again(tmp_path):
     first = sweep(tmp_path, "train.max_iters=2", "train.eval_interval=2", "optimizer.lr=1e-3,2e-3")
     assert first.returncode == 0, first.stderr
@@ -332,6 +339,7 @@ def test_a_point_an_earlier_launch_named_otherwise_is_named_with_how_to_move_it_
     assert [r["step"] for r in read_metrics(kept) if "train/loss" in r] == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_needs_neither_its_checkpoint_loaded_nor_its_data(tmp_path):
     shards = tmp_path / "shards"
     shutil.copytree(prepare_embedded(), shards)
@@ -344,6 +352,7 @@ def test_resuming_a_finished_run_needs_neither_its_checkpoint_loaded_nor_its_dat
     assert "already at train.max_iters=2: nothing to do (raise train.max_iters to train on)" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_point_whose_overrides_make_a_name_too_long_for_the_file_system_runs_and_resumes_in_its_directory(
         tmp_path):
     # Hydra names a point by its overrides; past 255 bytes the file system refuses the name (ENAMETOOLONG).

@@ -12,6 +12,7 @@ def evaluations(run_dir):
     return {r["step"]: r for r in metrics(run_dir) if "val/loss" in r}
 
 
+@pytest.mark.slow
 def test_fresh_windows_are_new_at_every_evaluation_and_the_fixed_ones_are_scored_beside_them(tmp_path):
     run_train(tmp_path / "fixed", *EVALUATED)
     run_train(tmp_path / "fresh", *EVALUATED, "train.eval_sampling=fresh")
@@ -28,6 +29,7 @@ def test_fresh_windows_are_new_at_every_evaluation_and_the_fixed_ones_are_scored
     assert procedures == ["fixed", "fresh"]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_scores_the_fresh_windows_of_the_uninterrupted_one(tmp_path):
     # A constant lr, so that stopping at step 3 leaves the steps after it as they were.
     fresh = [*EVALUATED, "train.eval_sampling=fresh", "train.lr_schedule=constant"]
@@ -59,6 +61,7 @@ def test_the_default_draws_keyed_windows_and_the_paper_presets_the_authors_ones(
     assert load("experiment=fwe-gpt2-small-50b-mars-approx").data.draws.value == "authors"
 
 
+@pytest.mark.slow
 def test_an_evaluation_their_loop_does_not_make_leaves_the_authors_draws_of_the_steps_after_it(tmp_path):
     # Stopped at step 3, off the eval_interval grid of 2, the run evaluates there; their loop would not, so the
     # resumed run must still train and evaluate on the windows of the run that never stopped.
