@@ -37,7 +37,7 @@ def load_model(checkpoint: Path, device: torch.device = torch.device("cpu")) -> 
         try:
             state = load_checkpoint(checkpoint, device)
         except CorruptCheckpoint as err:
-            raise ValueError(_one_line(err, with_type=False)) from None
+            raise ValueError(" ".join(str(err).split())) from None  # our own message: whole, its advice is last
         except OSError as err:
             raise ValueError(f"could not read {checkpoint}: {_one_line(err)}") from None
     return gpt_from_state(state, checkpoint).to(device), checkpoint

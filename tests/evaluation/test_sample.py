@@ -91,10 +91,12 @@ def test_a_directory_without_checkpoints_is_one_line_of_error(tmp_path):
     assert result.stderr.startswith("error:") and "holds no checkpoint" in result.stderr
 
 
-def test_a_safetensors_file_is_named_as_no_training_checkpoint_not_as_a_torn_one(tmp_path):
+@pytest.mark.parametrize("directory", ["", "a_long_directory_name/" * 12])
+def test_a_safetensors_file_is_named_as_no_training_checkpoint_not_as_a_torn_one(tmp_path, directory):
     from safetensors.torch import save_file
 
-    weights = tmp_path / "model.safetensors"
+    weights = tmp_path / directory / "model.safetensors"  # a long path must not cut the advice off the message
+    weights.parent.mkdir(parents=True, exist_ok=True)
     save_file({name: tensor.clone() for name, tensor in tiny_model().state_dict().items()}, weights)
     with pytest.raises(SystemExit) as exit_info:
         main(["--checkpoint", str(weights), "--device", "cpu"])
