@@ -6,20 +6,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from configs.compose import CONFIG_DIR, compose_config
 from configs.schema import ConfigError, register_configs, validate
 from training.registry import OPTIMIZERS
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG_DIR = str(REPO / "configs")
-register_configs()
 
 
 def load(*overrides):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(config_name="config", overrides=list(overrides))
+    return compose_config(list(overrides))
 
 
 @pytest.mark.parametrize("overrides, key", [
