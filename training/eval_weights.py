@@ -10,9 +10,7 @@ two methods trains and evaluates at the same weights.
 import contextlib
 
 import torch
-from torch.distributed.optim import ZeroRedundancyOptimizer
-
-from training.optimizers import local_optimizer
+from training.optimizers import is_zero, local_optimizer
 
 
 def has_evaluation_weights(optimizer: torch.optim.Optimizer) -> bool:
@@ -23,7 +21,7 @@ def has_evaluation_weights(optimizer: torch.optim.Optimizer) -> bool:
 def switch_weights(optimizer: torch.optim.Optimizer, mode: str) -> None:
     """Put the optimizer's ``eval`` or ``train`` weights into the model's parameters, on every rank."""
     getattr(local_optimizer(optimizer), mode)()
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
+    if is_zero(optimizer):
         optimizer._sync_params()  # each rank switched its own shard: the owners broadcast theirs, as after a step
 
 

@@ -59,9 +59,9 @@ def test_a_diverging_and_a_refused_point_are_recorded_and_every_other_point_runs
     refused, diverged, refused_too, good = (point(tmp_path, i) for i in range(4))
     for run_dir in (refused, refused_too):
         record = failure(run_dir)
-        assert record["kind"] == "refused" and record["reason"] == "gamma must be >= 0, got -0.1", record
+        assert record["kind"] == "refused" and record["reason"] == "optimizer.gamma must be >= 0, got -0.1", record
         assert record["step"] == 0 and "optimizer.gamma=-0.1" in record["overrides"]
-        assert f"failed: {run_dir}: gamma must be >= 0" in result.stderr
+        assert f"failed: {run_dir}: optimizer.gamma must be >= 0" in result.stderr
     record = failure(diverged)
     assert record["kind"] == "diverged" and "non-finite training loss" in record["reason"], record
     # The step whose loss went non-finite (its update not applied), named once: the reason alone says how.
@@ -78,7 +78,7 @@ def test_a_sweep_whose_points_run_as_jobs_of_their_own_reports_this_launchs_fail
     result = sweep(tmp_path, *jobs, "optimizer.gamma=0.025,-0.1")
     assert result.returncode == 1, result.stderr
     last_lines = result.stderr.strip().splitlines()[-2:]
-    assert last_lines == [f"failed: {point(tmp_path, 1)}: gamma must be >= 0, got -0.1",
+    assert last_lines == [f"failed: {point(tmp_path, 1)}: optimizer.gamma must be >= 0, got -0.1",
                           "1 of 2 sweep points failed (each one's failure.json says why); the others ran"]
     assert failure(point(tmp_path, 1))["kind"] == "refused" and last_step(point(tmp_path, 0)) == 2
     # The resume command is the launching one (a job runs submitit's program, not train.py), in resume.sh, which
@@ -231,8 +231,8 @@ def test_a_sweep_with_a_finite_blow_up_and_a_refused_gamma_gives_a_table_and_fig
     assert legend[0] == "MARS-approx, gamma 0.025" and legend[1].startswith("MARS-approx, gamma 0.025, lr 10 diverged "
                                                                             "at step 2: val loss") and len(legend) == 2
     [note] = axes.texts
-    assert note.get_text().splitlines()[1:] == [f"MARS-approx, gamma -0.1, lr {lr}: gamma must be >= 0, got -0.1"
-                                                for lr in ("0.001", "0.003", "10")]
+    assert note.get_text().splitlines()[1:] == [
+        f"MARS-approx, gamma -0.1, lr {lr}: optimizer.gamma must be >= 0, got -0.1" for lr in ("0.001", "0.003", "10")]
     plt.close(figure)
     figure = panel_figure(next(iter(sweep_lines(runs, "gamma").values())), "gamma", "gamma")
     assert figure.axes[0].get_xlim()[0] > -0.05  # the refused gamma -0.1 does not stretch the axis
