@@ -31,7 +31,8 @@ part() {
         return
     fi
     if [ -n "${GPU_ROUND_DRY_RUN:-}" ]; then
-        printf '%s:' "$name"; printf ' %q' "$@"; echo
+        # One write per line: the parts run in the background print side by side.
+        echo "$name:$(printf ' %q' "$@")"
         return
     fi
     echo "$(date -u +%H:%M:%S) $name: $*" >>"$out/commands.txt"

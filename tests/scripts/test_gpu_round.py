@@ -26,8 +26,9 @@ def dry_run(tmp_path, **env) -> dict[str, list[str]]:
 
 
 def test_the_round_has_every_part_the_speed_page_quotes_and_skips_autotune_unless_asked(tmp_path):
-    assert list(dry_run(tmp_path)) == ["tests", "authors", "newton_schulz", "train_optimizers", "train_mfu",
-                                       "train_mars_m", "optimizer_overhead"]
+    parts = list(dry_run(tmp_path))
+    assert set(parts[:2]) == {"tests", "authors"}  # untimed, side by side: in either order
+    assert parts[2:] == ["newton_schulz", "train_optimizers", "train_mfu", "train_mars_m", "optimizer_overhead"]
     assert "train_autotune" in dry_run(tmp_path, GPU_ROUND_SKIP="")
     assert list(dry_run(tmp_path, GPU_ROUND_SKIP="tests authors")) == [
         "newton_schulz", "train_optimizers", "train_mfu", "train_mars_m", "optimizer_overhead", "train_autotune"]
