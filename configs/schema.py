@@ -347,8 +347,7 @@ def check_optimizer_hyperparameters(o) -> None:
                      f"optimizer.{key} must be a pair [beta1, beta2] with 0 <= beta < 1, got {list(value)}")
         elif key == "momentum":
             _require(0.0 <= value < 1.0, f"optimizer.momentum must be in [0, 1), got {value}")
-        elif key.endswith(("eps", "weight_decay", "weight_decay_1d", "gamma")) or key.startswith("lr_") or (
-                key.endswith("_lr")):
+        elif key.endswith(("eps", "weight_decay", "weight_decay_1d", "gamma", "_lr")) or key.startswith("lr_"):
             _require(value >= 0.0, f"optimizer.{key} must be >= 0, got {value}")
 
 

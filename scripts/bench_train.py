@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from configs.compose import compose_config
+from configs.compose import CONFIG_DIR, compose_config
 from configs.schema import COMPILE_MODES, Precision
 from data.loader import build_batches
 from model import GPT, GPTConfig
@@ -34,7 +34,6 @@ from training.optimizers import build_optimizer
 from training.registry import OPTIMIZERS as REGISTRY
 from training.runtime import autocast_context, peak_flops, resolve_dtype
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 CUDA_GRAPH = "optimizer.ns_cuda_graph=true"  # Newton-Schulz replayed as one CUDA graph per step: CUDA only
 # Rows beside each optimizer config's own: the paths worth timing against it.
 VARIANTS = {
