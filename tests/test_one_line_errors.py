@@ -16,6 +16,7 @@ import pytest
 
 from data.embedded import prepare_embedded
 from data.shards import read_shard, write_shard
+from tests import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_size=2", "train.block_size=16",
@@ -35,9 +36,9 @@ def without_root_file_access() -> list[str]:
 
 
 def train(run_dir, *overrides, prefix=(), env=None, cwd=REPO):
-    return subprocess.run([*prefix, sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", *SMALL,
-                           *overrides], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env=environment(env or {}))
+    return warm_python.run([*prefix, sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", *SMALL,
+                            *overrides], cwd=cwd, timeout=300,
+                           env=environment(env or {}))
 
 
 def environment(changes: dict) -> dict:
@@ -211,9 +212,9 @@ def test_a_yaml_syntax_error_in_the_users_own_config_is_named_by_file_line_and_c
     mine.write_text("defaults:\n  - adamw\n  - _self_\nbetas: [0.9, 0.95\nlr: 0.001\n")  # the list is not closed
     # Hydra takes its options before the overrides
     added = [f"hydra.searchpath=[file://{config_dir}]"] if where == "hydra.searchpath" else [where, str(config_dir)]
-    result = subprocess.run([sys.executable, str(REPO / "train.py"), *added, f"hydra.run.dir={tmp_path / 'run'}",
-                             *SMALL, "optimizer=mine"], cwd=REPO, capture_output=True, text=True, timeout=300,
-                            env=environment({}))
+    result = warm_python.run([sys.executable, str(REPO / "train.py"), *added, f"hydra.run.dir={tmp_path / 'run'}",
+                              *SMALL, "optimizer=mine"], cwd=REPO, timeout=300,
+                             env=environment({}))
     assert_one_line(result, f"{mine} is not valid YAML", "line 5, column 3", "expected ',' or ']'",
                     "line 4, column 8", "fix the syntax")
     assert not (tmp_path / "run").exists()

@@ -3,10 +3,13 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from tests import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 DOC_PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "results" / "README.md"]
@@ -29,6 +32,9 @@ def test_readme_opens_with_a_train_command_a_test_command_and_the_fast_tier_comm
 def test_ci_runs_the_readme_test_command():
     _, test_command, _ = readme_commands()
     assert test_command in (REPO / ".ci" / "run").read_text()
+    # Workers (-n) come from pytest-xdist: the test extra must install it.
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    assert "-n" not in shlex.split(test_command) or any(extra.startswith("pytest-xdist") for extra in extras)
 
 
 def train_overrides(page: Path) -> list[str]:
@@ -119,18 +125,16 @@ def documented_train_command(page: Path, flag: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("page", ["README.md", "docs/configuration.md"])
 def test_the_documented_help_lists_every_preset_and_cfg_job_prints_values_unchecked_as_the_docs_say(page):
-    shown = subprocess.run(documented_train_command(REPO / page, "--help"), cwd=REPO, capture_output=True, text=True,
-                           timeout=300)
+    shown = warm_python.run(documented_train_command(REPO / page, "--help"), cwd=REPO, timeout=300)
     assert shown.returncode == 0, shown.stderr
     for group in ("model", "optimizer", "data", "experiment"):
         presets = sorted(path.stem for path in (REPO / "configs" / group).glob("*.yaml"))
         assert f"\n{group}: {', '.join(presets)}\n" in shown.stdout, shown.stdout
-    printed = subprocess.run(documented_train_command(REPO / page, "--cfg"), cwd=REPO, capture_output=True,
-                             text=True, timeout=300)
+    printed = warm_python.run(documented_train_command(REPO / page, "--cfg"), cwd=REPO, timeout=300)
     assert printed.returncode == 0 and "  name: muon\n" in printed.stdout, printed.stderr
     # The docs say that values are not checked: a gamma the launch refuses is printed as given.
-    unchecked = subprocess.run([sys.executable, "train.py", "--cfg", "job", "optimizer.gamma=-0.1"], cwd=REPO,
-                               capture_output=True, text=True, timeout=300)
+    unchecked = warm_python.run([sys.executable, "train.py", "--cfg", "job", "optimizer.gamma=-0.1"], cwd=REPO,
+                                timeout=300)
     assert unchecked.returncode == 0 and "  gamma: -0.1\n" in unchecked.stdout, unchecked.stderr
     assert "`optimizer.gamma=-0.1`" in (REPO / page).read_text()
 

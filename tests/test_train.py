@@ -10,6 +10,7 @@ import torch
 
 from data.embedded import clean_play, play_files, prepare_embedded
 from training.metrics import LAUNCH_KEYS
+from tests import warm_python
 from training.provenance import code_version
 
 REPO = Path(__file__).resolve().parents[1]
@@ -18,8 +19,8 @@ SMALL = ["model.n_layer=2", "model.n_head=2", "model.n_embd=64", "train.batch_si
 
 
 def run_train(run_dir, *overrides, check=True):
-    result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", *overrides],
-                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = warm_python.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", *overrides], cwd=REPO,
+                             timeout=600)
     if check and result.returncode != 0:
         raise AssertionError(f"train.py failed:\n{result.stdout}\n{result.stderr}")
     return result
@@ -96,7 +97,7 @@ def test_mars_m_and_moonlight_learn_through_the_same_trainer(tmp_path, optimizer
 
 @pytest.mark.slow
 def test_issue_command_writes_falling_val_loss(tmp_path):
-    run_train(tmp_path, "model=tiny", "data=embedded", "train.max_iters=60", "train.eval_interval=30",
+    run_train(tmp_path, "model=tiny", "data=embedded", "train.max_iters=20", "train.eval_interval=20",
               "wandb.mode=disabled")
     val = [r["val/loss"] for r in metrics(tmp_path) if "val/loss" in r]
     assert len(val) >= 2 and val[-1] < val[0] - 1.0
@@ -156,8 +157,8 @@ def test_a_data_dir_without_data_custom_is_read_as_custom_and_labelled_by_its_di
     shards = prepare_embedded()  # any shard directory: the one the embedded corpus is built into will do
     result = run_train(tmp_path / "run", *SMALL, f"data.dir={shards}", "train.max_iters=2", "train.eval_interval=2")
     assert "data custom: train" in result.stdout and "data embedded" not in result.stdout, result.stdout
-    table = subprocess.run([sys.executable, "-m", "scripts.make_table", str(tmp_path / "run")], cwd=REPO,
-                           capture_output=True, text=True, timeout=300)
+    table = warm_python.run([sys.executable, "-m", "scripts.make_table", str(tmp_path / "run")], cwd=REPO,
+                            timeout=300)
     assert table.returncode == 0, table.stderr
     assert f"| custom-{shards.name} | 2x64 |" in table.stdout and "Shakespeare" not in table.stdout, table.stdout
 
@@ -167,9 +168,9 @@ def test_trains_sequentially_from_a_directory_prepared_from_local_files(tmp_path
     corpus = tmp_path / "plays.jsonl"
     corpus.write_text("".join(json.dumps({"text": clean_play(p.read_text())}) + "\n" for p in play_files()[:3]))
     shards = tmp_path / "shards"
-    subprocess.run([sys.executable, "-m", "data.prepare", "files", str(corpus), "--out", str(shards),
-                    "--shard-size", "50000", "--val-tokens", "20000", "--workers", "2"],
-                   cwd=REPO, check=True, capture_output=True, timeout=600)
+    warm_python.run([sys.executable, "-m", "data.prepare", "files", str(corpus), "--out", str(shards),
+                     "--shard-size", "50000", "--val-tokens", "20000", "--workers", "2"],
+                    cwd=REPO, check=True, timeout=600)
     run_train(tmp_path / "run", *SMALL, "data=custom", f"data.dir={shards}", "data.sampling=sequential",
               "train.max_iters=5", "train.eval_interval=5")
     records = metrics(tmp_path / "run")

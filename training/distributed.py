@@ -31,10 +31,13 @@ log = logging.getLogger(__name__)
 # job after this long (torch's own default is 30 minutes); it must outlast rank 0 writing a checkpoint.
 DEFAULT_TIMEOUT_S = 600.0
 STORE_POLL_S = 0.05
-# How long a rank that leaves the telling to its node's first rank waits before exiting: torchrun stops it as soon as
-# that rank has failed, so this only bounds the wait where no agent does (ranks started by SLURM), and covers a slow
-# first rank.
+# How long a rank that leaves the telling to its node's first rank waits before exiting, so that the first rank's
+# line is out first. Under torchrun the agent stops it as soon as that rank has failed: the bound covers a first rank
+# slow to close the rendezvous (up to training.elastic.CLOSE_TIMEOUT_S). Ranks started without an agent (each by
+# SLURM's srun) wait out the whole delay and the first rank has only its line to write: a shorter wait ends the job
+# sooner.
 QUIET_RANK_EXIT_DELAY_S = 30.0
+QUIET_RANK_EXIT_DELAY_WITHOUT_AGENT_S = 10.0
 # Set by scripts/reason_last.sh: the file that receives the reason a run stopped for, which the script prints last.
 REASON_VARIABLE = "TRAIN_REASON_FILE"
 
@@ -65,13 +68,15 @@ def stop_with_message(message: str, every_rank_meets_it: bool, restartable: bool
     A fault that every rank meets alike (a refused config) is told once: by rank 0, or under torchrun by the first
     rank of each node (each node's torchrun has an output of its own), which also hands it to torchrun as the
     failure's root cause (shown in torchrun's summary instead of a pointer to its docs); the other ranks wait
-    quietly until torchrun stops them once that rank has failed (or exit after ``QUIET_RANK_EXIT_DELAY_S``), so
-    that its line is out first. A fault of one rank is told by that rank. Unless ``restartable``, the fault ends
-    the job on every node, whatever torchrun's ``--max-restarts``: a restart would meet it again
-    (:func:`training.elastic.close_rendezvous`); the launch script prints it last (scripts/reason_last.sh).
+    quietly until torchrun stops them once that rank has failed (or exit after ``QUIET_RANK_EXIT_DELAY_S``; without
+    an agent, after ``QUIET_RANK_EXIT_DELAY_WITHOUT_AGENT_S``), so that its line is out first. A fault of one rank
+    is told by that rank. Unless ``restartable``, the fault ends the job on every node, whatever torchrun's
+    ``--max-restarts``: a restart would meet it again (:func:`training.elastic.close_rendezvous`); the launch script
+    prints it last (scripts/reason_last.sh).
     """
     if every_rank_meets_it and not tells_faults_of_every_rank():
-        time.sleep(QUIET_RANK_EXIT_DELAY_S)
+        under_agent = "TORCHELASTIC_RUN_ID" in os.environ
+        time.sleep(QUIET_RANK_EXIT_DELAY_S if under_agent else QUIET_RANK_EXIT_DELAY_WITHOUT_AGENT_S)
         raise SystemExit(1)
     if launched_by_torchrun():
         write_for_launchers(message, restartable)

@@ -1,4 +1,3 @@
-import subprocess
 import sys
 from pathlib import Path
 
@@ -7,6 +6,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from configs.schema import ConfigError, lr_decay_end, register_configs, validate
+from tests import warm_python
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_DIR = str(REPO / "configs")
@@ -64,8 +64,7 @@ def test_unknown_group_option_lists_the_available_ones():
 
 def test_the_optimizer_schemas_are_no_choice_in_help_nor_on_the_command_line(tmp_path):
     def train(*args):
-        return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True,
-                              timeout=300)
+        return warm_python.run([sys.executable, "train.py", *args], cwd=REPO, timeout=300)
 
     help_text = train("--help").stdout
     [optimizers] = [line for line in help_text.splitlines() if line.startswith("optimizer: ")]

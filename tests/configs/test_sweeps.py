@@ -1,6 +1,5 @@
 """Multirun sweeps (`python train.py -m key=a,b ...`): one run directory per point, named by its overrides."""
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -9,6 +8,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from configs.schema import register_configs
+from tests import warm_python
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "train.batch_size=2", "train.block_size=16",
@@ -24,8 +24,8 @@ def job_config(*overrides):
 
 def run_sweep(sweep_dir: Path, *overrides: str) -> list[Path]:
     """``train.py -m optimizer.gamma=0.01,0.05`` on the tiny model; the run directories, in sweep order."""
-    result = subprocess.run([sys.executable, "train.py", "-m", "optimizer.gamma=0.01,0.05", *TINY, *overrides,
-                             f"hydra.sweep.dir={sweep_dir}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = warm_python.run([sys.executable, "train.py", "-m", "optimizer.gamma=0.01,0.05", *TINY, *overrides,
+                              f"hydra.sweep.dir={sweep_dir}"], cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     run_dirs = sorted(path for path in sweep_dir.iterdir() if path.is_dir() and not path.name.startswith("."))
     assert [path.name.split("_")[0] for path in run_dirs] == ["0", "1"]
@@ -65,9 +65,8 @@ def test_a_sweep_claims_its_own_directory_and_every_point_lands_in_it(tmp_path, 
         pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     parent = tmp_path / "multirun"
     for _ in range(2):
-        result = subprocess.run([sys.executable, "train.py", "-m", "optimizer.gamma=0.01,0.05", *TINY, *launcher,
-                                 f"hydra.sweep.dir=${{unique_run_dir:{parent}}}"], cwd=REPO, capture_output=True,
-                                text=True, timeout=600)
+        result = warm_python.run([sys.executable, "train.py", "-m", "optimizer.gamma=0.01,0.05", *TINY, *launcher,
+                                  f"hydra.sweep.dir=${{unique_run_dir:{parent}}}"], cwd=REPO, timeout=600)
         assert result.returncode == 0, result.stdout + result.stderr
     # Each launch claimed one sweep directory (the jobs of a submitit sweep, in other processes, find the one
     # their launcher claimed) holding both of its points.

@@ -7,7 +7,6 @@ batches that replace those the step reads. The runs train at a learning rate too
 weight, so every logged loss is the initial model's loss on the windows of its step: a window drawn out of
 order changes it.
 """
-import subprocess
 import sys
 import random
 from collections import deque
@@ -21,6 +20,7 @@ from data.loader import load_split
 from model import GPT, GPTConfig
 from tests.model.test_gpt import initial_weights_in_the_authors_order
 from training.metrics import read_metrics
+from tests import warm_python
 
 REPO = Path(__file__).resolve().parents[2]
 BATCH, BLOCK, ACCUMULATION, EVAL_ITERS, EVAL_INTERVAL, STEPS = 2, 32, 2, 2, 2, 4
@@ -100,8 +100,8 @@ def expected_metrics(ahead: int, world_size: int = 1, corpus: Path | None = None
 
 
 def run(run_dir, *overrides, launcher=(sys.executable,)) -> list[dict]:
-    result = subprocess.run([*launcher, "train.py", f"hydra.run.dir={run_dir}", *SETTINGS, *overrides],
-                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = warm_python.run([*launcher, "train.py", f"hydra.run.dir={run_dir}", *SETTINGS, *overrides],
+                             cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stderr
     return read_metrics(run_dir)
 

@@ -16,6 +16,7 @@ from data.loader import load_split
 from data.prepare import files_source, main, prepare, split_rule
 from data.shards import HEADER_INTS, SHARD_MAGIC, SHARD_VERSION, read_manifest, read_shard
 from data.tokenizer import GPT2_EOT_TOKEN, GPT2_VOCAB_SIZE, gpt2_encoding
+from tests import warm_python
 
 EOT = "<|endoftext|>"
 OLD_MTIME = 1_000_000_000  # shards stamped with this before a rerun still carry it if the rerun left them alone
@@ -409,9 +410,9 @@ def test_an_unreadable_input_and_a_read_only_out_are_one_line(tmp_path, jsonl_co
     prefix = without_root_file_access()
     for paths, out, phrase in (([unreadable], tmp_path / "out", str(unreadable)),
                                ([jsonl_corpus], read_only / "out", str(read_only / "out"))):
-        result = subprocess.run([*prefix, sys.executable, "-m", "data.prepare", "files", *map(str, paths), "--out",
-                                 str(out), "--workers", "1"], capture_output=True, text=True, timeout=300,
-                                env=environment({"HF_DATASETS_OFFLINE": "1"}), cwd=Path(__file__).parents[2])
+        result = warm_python.run([*prefix, sys.executable, "-m", "data.prepare", "files", *map(str, paths), "--out",
+                                  str(out), "--workers", "1"], timeout=300,
+                                 env=environment({"HF_DATASETS_OFFLINE": "1"}), cwd=Path(__file__).parents[2])
         assert_one_line(result, phrase, "Permission denied")
 
 
@@ -431,8 +432,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def prepare_command(*args):
-    return subprocess.run([sys.executable, "-m", "data.prepare", "files", *map(str, args), "--workers", "1"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    return warm_python.run([sys.executable, "-m", "data.prepare", "files", *map(str, args), "--workers", "1"],
+                           cwd=REPO, timeout=300)
 
 
 @pytest.mark.slow
@@ -457,9 +458,9 @@ def test_a_small_text_file_gets_split_advice_that_trains_and_overwrite_replaces_
     assert sorted(p.name for p in out.glob("*.bin")) == sorted(shard["file"] for shard in manifest["shards"])
     assert manifest["source"]["files"][0]["path"].endswith("small.txt") and sorted(tmp_path.iterdir()) == [out, small]
     # The trainer's defaults (train.batch_size, train.block_size) read both splits.
-    run = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'run'}", "data=custom",
-                          f"data.dir={out}", "train.device=cpu", "train.max_iters=1", "train.eval_iters=1"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    run = warm_python.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'run'}", "data=custom",
+                           f"data.dir={out}", "train.device=cpu", "train.max_iters=1", "train.eval_iters=1"],
+                          cwd=REPO, timeout=300)
     assert run.returncode == 0, run.stderr
 
 

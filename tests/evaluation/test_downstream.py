@@ -13,6 +13,7 @@ from data.tokenizer import gpt2_encoding
 from evaluation.authors_downstream import RESULTS, TASKS
 from evaluation.downstream import markdown_table
 from evaluation.checkpoints import load_model
+from tests import warm_python
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_TASK = REPO / "tests" / "evaluation" / "tiny_task"
@@ -22,14 +23,13 @@ OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRA
 @pytest.fixture(scope="module")
 def scored_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
-    subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", "model.n_layer=2", "model.n_head=2",
-                    "model.n_embd=32", "model.activation=gelu_tanh", "model.scale_attn_by_inverse_layer_idx=true",
-                    "train.batch_size=2", "train.block_size=32", "train.max_iters=4", "train.eval_interval=4",
-                    "train.checkpoint_interval=4", "train.device=cpu"], cwd=REPO, check=True, capture_output=True,
-                   timeout=600)
-    result = subprocess.run([sys.executable, "-m", "evaluation.downstream", "--checkpoint", str(run_dir), "--tasks",
-                             "tiny_choice", "--include-path", str(TINY_TASK), "--batch-size", "2"],
-                            cwd=REPO, env=OFFLINE, capture_output=True, text=True, timeout=900)
+    warm_python.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", "model.n_layer=2", "model.n_head=2",
+                     "model.n_embd=32", "model.activation=gelu_tanh", "model.scale_attn_by_inverse_layer_idx=true",
+                     "train.batch_size=2", "train.block_size=32", "train.max_iters=4", "train.eval_interval=4",
+                     "train.checkpoint_interval=4", "train.device=cpu"], cwd=REPO, check=True, timeout=600)
+    result = warm_python.run([sys.executable, "-m", "evaluation.downstream", "--checkpoint", str(run_dir), "--tasks",
+                              "tiny_choice", "--include-path", str(TINY_TASK), "--batch-size", "2"],
+                             cwd=REPO, env=OFFLINE, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir, result
 
@@ -95,8 +95,8 @@ def test_the_authors_averages_are_the_means_of_their_rows():  # guards the trans
 @pytest.mark.slow
 def test_an_unknown_task_is_one_line_of_error(scored_run, tmp_path):
     run_dir, _ = scored_run
-    result = subprocess.run([sys.executable, "-m", "evaluation.downstream", "--checkpoint", str(run_dir), "--tasks",
-                             "tiny_choise", "--include-path", str(TINY_TASK), "--out", str(tmp_path)],
-                            cwd=REPO, env=OFFLINE, capture_output=True, text=True, timeout=900)
+    result = warm_python.run([sys.executable, "-m", "evaluation.downstream", "--checkpoint", str(run_dir), "--tasks",
+                              "tiny_choise", "--include-path", str(TINY_TASK), "--out", str(tmp_path)],
+                             cwd=REPO, env=OFFLINE, timeout=900)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "knows no task tiny_choise" in result.stderr

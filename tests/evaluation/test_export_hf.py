@@ -22,6 +22,7 @@ from model import GPT, GPTConfig
 from model.gpt import ACTIVATIONS
 from training.checkpoint import load_checkpoint
 from training.metrics import read_metrics
+from tests import warm_python
 
 REPO = Path(__file__).resolve().parents[2]
 # Every option the export maps, on 2 layers (so that scale_attn_by_inverse_layer_idx divides by 1 and by 2).
@@ -152,17 +153,17 @@ def test_an_activation_hf_cannot_express_is_refused(tmp_path):
 def trained_run(tmp_path_factory):
     """A run of train.py itself (the tiny preset: layer-scaled attention, tanh GELU, no biases), 4 steps."""
     run_dir = tmp_path_factory.mktemp("run")
-    subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", "model.n_layer=2", "model.n_head=2",
-                    "model.n_embd=32", "train.batch_size=2", "train.block_size=32", "train.max_iters=4",
-                    "train.eval_interval=4", "train.eval_iters=1", "train.checkpoint_interval=4",
-                    "train.device=cpu", "train.warmup_iters=1"],
-                   cwd=REPO, env=offline_env(), check=True, capture_output=True, timeout=300)
+    warm_python.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", "model.n_layer=2", "model.n_head=2",
+                     "model.n_embd=32", "train.batch_size=2", "train.block_size=32", "train.max_iters=4",
+                     "train.eval_interval=4", "train.eval_iters=1", "train.checkpoint_interval=4",
+                     "train.device=cpu", "train.warmup_iters=1"],
+                    cwd=REPO, env=offline_env(), check=True, timeout=300)
     return run_dir
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "evaluation.export_hf", *args], cwd=REPO, env=offline_env(),
-                          capture_output=True, text=True, timeout=300)
+    return warm_python.run([sys.executable, "-m", "evaluation.export_hf", *args], cwd=REPO, env=offline_env(),
+                           timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import torch
 from data.tokenizer import GPT2_VOCAB_SIZE
 from evaluation.sample import generate, main
 from model import GPT, GPTConfig
+from tests import warm_python
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,10 +65,10 @@ def test_a_prompt_longer_than_the_context_is_cropped_to_its_last_block():
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
-    subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", "model.n_layer=1", "model.n_head=2",
-                    "model.n_embd=32", "train.batch_size=2", "train.block_size=32", "train.max_iters=2",
-                    "train.eval_interval=2", "train.checkpoint_interval=2", "train.device=cpu"],
-                   cwd=REPO, check=True, capture_output=True, timeout=600)
+    warm_python.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", "model.n_layer=1", "model.n_head=2",
+                     "model.n_embd=32", "train.batch_size=2", "train.block_size=32", "train.max_iters=2",
+                     "train.eval_interval=2", "train.checkpoint_interval=2", "train.device=cpu"],
+                    cwd=REPO, check=True, timeout=600)
     return run_dir
 
 
@@ -85,8 +86,8 @@ def test_the_command_prints_the_prompt_and_its_continuation_the_same_for_the_sam
 
 @pytest.mark.slow
 def test_a_directory_without_checkpoints_is_one_line_of_error(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "evaluation.sample", "--checkpoint", str(tmp_path)], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+    result = warm_python.run([sys.executable, "-m", "evaluation.sample", "--checkpoint", str(tmp_path)], cwd=REPO,
+                             timeout=300)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert result.stderr.startswith("error:") and "holds no checkpoint" in result.stderr
 

@@ -13,6 +13,7 @@ import torch
 
 from model import GPT, GPTConfig
 from scripts import check_against_authors as check
+from tests import warm_python
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STEPS = 6
@@ -41,9 +42,9 @@ def our_sides(variant: check.Variant) -> tuple[check.Side, check.Side]:
 def test_a_directory_that_is_not_their_checkout_is_refused_in_one_line_naming_the_missing_file(tmp_path):
     (tmp_path / "MARS").mkdir()
     (tmp_path / "MARS" / "model.py").write_text("")
-    result = subprocess.run([sys.executable, "-m", "scripts.check_against_authors", "--authors-dir", str(tmp_path),
-                             "--output-dir", str(tmp_path / "results")],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    result = warm_python.run([sys.executable, "-m", "scripts.check_against_authors", "--authors-dir", str(tmp_path),
+                              "--output-dir", str(tmp_path / "results")],
+                             cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         f"--authors-dir {tmp_path} does not look like a checkout of AGI-Arena/MARS: MARS/opt.py is missing"]
@@ -177,7 +178,7 @@ def test_the_triton_variants_run_where_our_triton_backend_does(tmp_path, monkeyp
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is of a machine without a GPU")
 def test_asking_for_cuda_without_a_gpu_is_refused_in_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "scripts.check_against_authors", "--authors-dir", str(tmp_path),
-                             "--device", "cuda", "--output-dir", str(tmp_path / "results")],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    result = warm_python.run([sys.executable, "-m", "scripts.check_against_authors", "--authors-dir", str(tmp_path),
+                              "--device", "cuda", "--output-dir", str(tmp_path / "results")],
+                             cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 2 and "--device cuda: torch sees no CUDA device here" in result.stderr

@@ -11,6 +11,7 @@ import pytest
 
 from scripts import authors_trainer_runner as runner
 from scripts import check_trainer_against_authors as check
+from tests import warm_python
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STAND_IN = Path(__file__).resolve().parent / "authors_stand_in" / "train_stand_in.py"
@@ -36,9 +37,9 @@ def run_runner(trainer: Path, patches: list[dict], tmp_path: Path, *args: str) -
 def test_a_directory_without_their_trainer_files_is_refused_in_one_line_naming_the_missing_file(tmp_path):
     (tmp_path / "MARS").mkdir()
     (tmp_path / "MARS" / "train_adamw.py").write_text("")
-    result = subprocess.run([sys.executable, "-m", "scripts.check_trainer_against_authors", "--authors-dir",
-                             str(tmp_path), "--output-dir", str(tmp_path / "results")],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    result = warm_python.run([sys.executable, "-m", "scripts.check_trainer_against_authors", "--authors-dir",
+                              str(tmp_path), "--output-dir", str(tmp_path / "results")],
+                             cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         f"--authors-dir {tmp_path} does not look like a checkout of AGI-Arena/MARS: "
@@ -92,10 +93,10 @@ def test_the_runner_patches_the_modules_their_trainer_imports_and_records_what_i
 def test_a_checkout_where_a_patch_no_longer_applies_is_refused_before_anything_runs(tmp_path):
     authors = stand_in_checkout(tmp_path / "authors", STAND_IN.read_text().replace(
         "    torch.cuda.set_device(device)\n", "    torch.cuda.set_device(device)  # another version\n"))
-    result = subprocess.run([sys.executable, "-m", "scripts.check_trainer_against_authors", "--authors-dir",
-                             str(authors), "--only", FAMILY.name, "--work-dir", str(tmp_path / "work"),
-                             "--output-dir", str(tmp_path / "results")],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    result = warm_python.run([sys.executable, "-m", "scripts.check_trainer_against_authors", "--authors-dir",
+                              str(authors), "--only", FAMILY.name, "--work-dir", str(tmp_path / "work"),
+                              "--output-dir", str(tmp_path / "results")],
+                             cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         f"patch 'ddp-device' no longer applies to {authors / FAMILY.trainer}: its text "

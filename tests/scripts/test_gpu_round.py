@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_round.sh"
@@ -40,5 +41,5 @@ def test_every_part_is_a_command_its_script_accepts(tmp_path):
     reads before reaching the appended --help, so an unknown option or choice fails here."""
     for name, command in dry_run(tmp_path, GPU_ROUND_SKIP="").items():
         assert command[:2] == ["python3", "-m"], name
-        result = subprocess.run([sys.executable, *command[1:], "--help"], capture_output=True, text=True, cwd=ROOT)
+        result = warm_python.run([sys.executable, *command[1:], "--help"], cwd=ROOT, timeout=300)
         assert result.returncode == 0, f"{name}: {result.stderr[-500:]}"

@@ -3,8 +3,8 @@
 Each rank trains on its own batches; DDP averages the gradients, and the optimizer step (including MARS's
 remembered gradient, copied out of DDP's gradient buckets, and the Newton-Schulz of Muon and MARS-Shampoo
 shared out across the ranks) must then agree bit for bit across ranks. Muon and MARS-Shampoo are also checked
-against a single-process optimizer stepping a copy of the parameters on the same averaged gradients. Prints
-each failed check and exits 1 if any fails.
+against a single-process optimizer stepping a copy of the parameters on the same averaged gradients. Checks each
+optimizer named on the command line; prints each failed check and exits 1 if any fails.
 
 The process group is set up and shut down as train.py does (training.distributed.distributed_session): the
 model, DDP and the optimizers live only in ``failed_checks``, so they are gone when the group is destroyed,
@@ -66,8 +66,8 @@ def failed_checks(optimizer_name: str) -> list[str]:
 
 
 def main() -> int:
-    with distributed_session(torch.device("cpu")) as ctx:
-        failures = failed_checks(sys.argv[1])
+    with distributed_session(torch.device("cpu")) as ctx:  # each optimizer named on the command line, in turn
+        failures = [f"{name}: {failure}" for name in sys.argv[1:] for failure in failed_checks(name)]
     for failure in failures:
         print(f"rank {ctx.rank}: {failure}", file=sys.stderr)
     return 1 if failures else 0

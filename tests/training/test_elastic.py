@@ -2,7 +2,6 @@
 command of docs/multi-node.md and scripts/slurm_multinode.sbatch start them: a worker killed outright, a frozen node."""
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -12,6 +11,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.source_copy import copy_source_tree
+from tests import warm_python
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_size=2", "train.block_size=32",
@@ -100,8 +102,8 @@ def kill_a_worker_and_resume(tmp_path: Path, victim: int) -> None:
     """SIGKILL node ``victim``'s worker after the step-4 checkpoint: both nodes restart their workers, which
     resume from that checkpoint and end with the losses of a run that was never interrupted."""
     reference = tmp_path / "reference"
-    subprocess.run([sys.executable, "train.py", f"hydra.run.dir={reference}", *SMALL, "train.max_iters=12"],
-                   cwd=REPO, check=True, capture_output=True, timeout=WAIT_S)
+    warm_python.run([sys.executable, "train.py", f"hydra.run.dir={reference}", *SMALL, "train.max_iters=12"],
+                    cwd=REPO, check=True, timeout=WAIT_S)
     run_dir = tmp_path / "killed"
     killed = []
 
@@ -161,8 +163,7 @@ def test_a_node_running_a_changed_copy_without_git_stops_the_job(tmp_path, edite
     # Node 1 runs a copy of the repository without .git (git cannot tell its commit) in which one line of one
     # file differs: the source files the ranks hold tell, and every rank stops.
     copy = tmp_path / "copy"
-    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", "outputs",
-                                                              "multirun", ".venv"))
+    copy_source_tree(copy)
     (copy / edited).write_text((copy / edited).read_text() + "# edited on this node only\n")
     nodes = two_node_job(tmp_path, f"hydra.run.dir={tmp_path / 'run'}", "train.max_iters=2", repos=(REPO, copy))
     assert [node.returncode != 0 for node in nodes] == [True, True], logs(tmp_path)

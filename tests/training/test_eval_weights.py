@@ -15,6 +15,7 @@ from training.distributed import DistributedContext
 from training.metrics import read_metrics
 from training.runtime import autocast_context
 from training.validation import estimate_val_loss
+from tests import warm_python
 
 REPO = Path(__file__).resolve().parents[2]
 OVERRIDES = ["optimizer=adamw", "train.max_iters=6", "train.eval_interval=3", "train.log_interval=1",
@@ -24,8 +25,8 @@ OVERRIDES = ["optimizer=adamw", "train.max_iters=6", "train.eval_interval=3", "t
 
 def run(tmp_path, name, *launcher):
     run_dir = tmp_path / name
-    launch = subprocess.run([sys.executable, *launcher, *OVERRIDES, f"hydra.run.dir={run_dir}"], cwd=REPO,
-                            capture_output=True, text=True, timeout=600)
+    launch = warm_python.run([sys.executable, *launcher, *OVERRIDES, f"hydra.run.dir={run_dir}"], cwd=REPO,
+                             timeout=600)
     assert launch.returncode == 0, launch.stderr
     records = read_metrics(run_dir)
     train_losses = [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]

@@ -3,7 +3,6 @@
 collective's timeout ends in."""
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.source_copy import copy_source_tree
 from tests.training.test_elastic import (REPO, SMALL, free_port, logs, start_node, stop_all, torchrun_node,
                                          wait_for, workers)
 
@@ -91,8 +91,7 @@ def test_a_collective_timeout_ends_in_one_line_naming_the_setting_its_value_and_
 def changed_copy(tmp_path: Path, edited: str) -> Path:
     """A copy of the repository without .git in which one line of ``edited`` differs."""
     copy = tmp_path / "copy"
-    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", "outputs",
-                                                              "multirun", ".venv"))
+    copy_source_tree(copy)
     (copy / edited).write_text((copy / edited).read_text() + "# edited on this node only\n")
     return copy
 

@@ -11,6 +11,7 @@ from unittest import mock
 import pytest
 
 from training.launcher import TORCHRUN_VARIABLES, TorchDistributedFromSubmitit
+from tests import warm_python
 
 # Task 11 of a 2-node job with 8 tasks per node, as srun describes it to the process.
 SLURM_TASK = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "16",
@@ -79,8 +80,8 @@ def launch_records(metrics: Path) -> list[dict]:
 @pytest.mark.slow
 def test_the_local_launcher_runs_each_sweep_point_as_two_ranks_and_records_its_overrides(tmp_path):
     # hydra/launcher=local: submitit's local executor, two tasks per point, the same callback as on SLURM.
-    result = subprocess.run(local_sweep(tmp_path, "train.max_iters=1", "optimizer=adamw,mars-adamw"), cwd=REPO,
-                            capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = warm_python.run(local_sweep(tmp_path, "train.max_iters=1", "optimizer=adamw,mars-adamw"), cwd=REPO,
+                             timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
     launches = {launch["command"][-1]: launch for metrics in tmp_path.glob("*/metrics.jsonl")
                 for launch in launch_records(metrics)}

@@ -1,7 +1,6 @@
 """What one registry row gives its optimizer: a config check that refuses bad values at start naming the key, and
 train.* defaults that an experiment or the command line overrides."""
 import dataclasses
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from omegaconf import OmegaConf
 from configs.compose import CONFIG_DIR, compose_config
 from configs.schema import ConfigError, register_configs, validate
 from training.registry import OPTIMIZERS
+from tests import warm_python
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,8 +37,8 @@ def test_a_bad_optimizer_value_is_refused_by_the_config_check_naming_the_key(ove
 @pytest.mark.slow
 def test_a_launch_with_bad_betas_stops_with_one_line_naming_the_key_before_any_data_loads(tmp_path):
     run_dir = tmp_path / "run"
-    launch = subprocess.run([sys.executable, "train.py", "optimizer=adamw", "optimizer.betas=[0.9,1.5]",
-                             f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    launch = warm_python.run([sys.executable, "train.py", "optimizer=adamw", "optimizer.betas=[0.9,1.5]",
+                              f"hydra.run.dir={run_dir}"], cwd=REPO, timeout=300)
     assert launch.returncode != 0 and "Traceback" not in launch.stderr, launch.stderr
     output = (launch.stdout + launch.stderr).strip().splitlines()
     assert output == ["error: optimizer.betas must be a pair [beta1, beta2] with 0 <= beta < 1, got [0.9, 1.5]"]

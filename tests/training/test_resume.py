@@ -16,6 +16,7 @@ from data.shards import read_shard, write_shard
 from scripts.run_reading import load_run
 from training.checkpoint import latest_checkpoint
 from training.metrics import LAUNCH_KEYS, read_metrics
+from tests import warm_python
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_size=2", "train.block_size=32",
@@ -28,8 +29,7 @@ def command(run_dir, *overrides):
 
 
 def complete_run(run_dir, *overrides, launcher=(sys.executable,)):
-    result = subprocess.run([*launcher, *command(run_dir, *overrides)[1:]], cwd=REPO, capture_output=True,
-                            text=True, timeout=600)
+    result = warm_python.run([*launcher, *command(run_dir, *overrides)[1:]], cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stderr
     return read_metrics(run_dir)
 
@@ -146,8 +146,8 @@ def uninterrupted_dir(tmp_path_factory):
 def test_a_hyperparameter_changed_on_resume_takes_effect_and_is_recorded(tmp_path, uninterrupted_dir, change,
                                                                          new_value):
     resumed = interrupted_copy(uninterrupted_dir, tmp_path, "resumed")
-    result = subprocess.run(command(resumed, "train.resume=true", "train.keep_checkpoints=4", change), cwd=REPO,
-                            capture_output=True, text=True, timeout=600)
+    result = warm_python.run(command(resumed, "train.resume=true", "train.keep_checkpoints=4", change), cwd=REPO,
+                             timeout=600)
     assert result.returncode == 0, result.stderr
     key = change.split("=")[0]
     assert f"changed on resume: {key}" in result.stdout
@@ -176,8 +176,7 @@ def test_shards_swapped_behind_an_unchanged_data_dir_are_told_and_recorded_as_ch
     interrupted = interrupted_copy(run_dir, tmp_path, "interrupted")
     data_dir.unlink()
     data_dir.symlink_to(second)  # re-pointed before the resume; the config is the same
-    result = subprocess.run(command(interrupted, *data, "train.resume=true"), cwd=REPO, capture_output=True,
-                            text=True, timeout=600)
+    result = warm_python.run(command(interrupted, *data, "train.resume=true"), cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "changed on resume: data 'train 1,4" in result.stdout and "-> 'train 700,000 tokens in 2 shard(s)" in (
         result.stdout), result.stdout
@@ -198,8 +197,7 @@ def test_a_resume_that_would_make_the_state_meaningless_stops_naming_the_key(tmp
                                                                             key):
     resumed = interrupted_copy(uninterrupted_dir, tmp_path, "resumed")
     record_before = run_record(resumed)
-    result = subprocess.run(command(resumed, "train.resume=true", change), cwd=REPO, capture_output=True,
-                            text=True, timeout=600)
+    result = warm_python.run(command(resumed, "train.resume=true", change), cwd=REPO, timeout=600)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert f"with a changed {key} (checkpoint" in result.stderr
     assert run_record(resumed) == record_before  # the run is not relabelled with the refused config
@@ -216,8 +214,8 @@ def test_resuming_a_finished_run_trains_nothing_and_leaves_its_record_as_it_was(
     finished = tmp_path / "finished"
     shutil.copytree(uninterrupted_dir, finished)
     record_before = run_record(finished)
-    result = subprocess.run(command(finished, "train.resume=true", "optimizer.gamma=0.2", "train.seed=5"), cwd=REPO,
-                            capture_output=True, text=True, timeout=600)
+    result = warm_python.run(command(finished, "train.resume=true", "optimizer.gamma=0.2", "train.seed=5"), cwd=REPO,
+                             timeout=600)
     assert result.returncode == 0, result.stderr
     assert "nothing to do" in result.stdout and "were not applied" in result.stdout
     assert run_record(finished) == record_before
@@ -227,8 +225,8 @@ def test_resuming_a_finished_run_trains_nothing_and_leaves_its_record_as_it_was(
 def test_a_state_gone_non_finite_is_never_checkpointed(tmp_path):
     # Warmup from lr 0: the first step leaves finite weights, the second one (lr 5e299) overflows them.
     small = [arg for arg in command(tmp_path, "optimizer.lr=1e300") if not arg.startswith("train.checkpoint_interval=")]
-    result = subprocess.run([*small, "train.checkpoint_interval=1", "train.keep_checkpoints=1"], cwd=REPO,
-                            capture_output=True, text=True, timeout=600)
+    result = warm_python.run([*small, "train.checkpoint_interval=1", "train.keep_checkpoints=1"], cwd=REPO,
+                             timeout=600)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "diverged at step 2: non-finite values in the state after the step (model " in result.stderr
     assert "Its checkpoint is not written, so that no resume starts from it." in result.stderr
@@ -265,8 +263,7 @@ def test_a_resume_with_every_checkpoint_unreadable_stops_naming_them_and_keeps_t
     (resumed / "checkpoints" / "ckpt_00000008.pt").write_bytes(b"torn")
     (resumed / "checkpoints" / "ckpt_00000004.pt").write_bytes(b"")
     record_before = run_record(resumed)
-    result = subprocess.run(command(resumed, "train.resume=true"), cwd=REPO, capture_output=True, text=True,
-                            timeout=600)
+    result = warm_python.run(command(resumed, "train.resume=true"), cwd=REPO, timeout=600)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "none of the 2 checkpoints" in result.stderr and "ckpt_00000004.pt, " not in result.stderr
     assert "ckpt_00000008.pt, ckpt_00000004.pt" in result.stderr
@@ -323,7 +320,6 @@ def test_a_run_resumed_under_the_authors_draws_logs_the_uninterrupted_runs_losse
 @pytest.mark.slow
 def test_a_checkpoint_without_the_authors_draws_is_not_resumed_under_them(tmp_path, uninterrupted_dir):
     resumed = interrupted_copy(uninterrupted_dir, tmp_path, "resumed")
-    result = subprocess.run(command(resumed, "train.resume=true", *AUTHORS_DRAWS), cwd=REPO, capture_output=True,
-                            text=True, timeout=600)
+    result = warm_python.run(command(resumed, "train.resume=true", *AUTHORS_DRAWS), cwd=REPO, timeout=600)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "it was written under data.draws=keyed" in result.stderr and "Resume with data.draws=keyed" in result.stderr

@@ -3,7 +3,6 @@ import datetime
 import fcntl
 import os
 import resource
-import shutil
 import signal
 import stat
 import subprocess
@@ -14,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import warm_python
+from tests.source_copy import copy_source_tree
 from training import run_dir as run_dir_module
 from training.checkpoint import CheckpointSaveError, checkpoint_dir, latest_checkpoint, save_checkpoint
 from training.metrics import read_metrics
@@ -40,10 +41,11 @@ def train(run_dir, *overrides, limit_file_bytes=None, cwd=REPO, timeout=600):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_bytes, limit_file_bytes))
 
-    run_dir_override = [f"hydra.run.dir={run_dir}"] if run_dir else []
-    return subprocess.run([sys.executable, str(REPO / "train.py"), *run_dir_override, *SMALL, *overrides], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout,
-                          preexec_fn=limit_file_size if limit_file_bytes else None)
+    command = [sys.executable, str(REPO / "train.py"), *([f"hydra.run.dir={run_dir}"] if run_dir else []), *SMALL,
+               *overrides]
+    if limit_file_bytes is None:
+        return warm_python.run(command, cwd=cwd, timeout=timeout)
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, preexec_fn=limit_file_size)
 
 
 def assert_one_line_error(result, *phrases):
@@ -379,8 +381,7 @@ def test_a_full_disk_under_the_job_log_stops_the_run_with_one_line_and_keeps_its
 def test_a_full_disk_under_the_record_of_uncommitted_changes_stops_the_launch_with_one_line(tmp_path):
     # A checkout with an uncommitted change: each launch saves it as code/launch_<step>.patch in the run directory.
     copy = tmp_path / "checkout"
-    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", "outputs",
-                                                              "multirun"))
+    copy_source_tree(copy)
     git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-C", str(copy)]
     for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "checkout"]):
         subprocess.run([*git, *command], check=True, capture_output=True)

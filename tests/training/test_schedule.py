@@ -1,4 +1,3 @@
-import subprocess
 import sys
 from pathlib import Path
 
@@ -9,6 +8,7 @@ from omegaconf import OmegaConf
 from configs.schema import LrSchedule
 from mars import MARS, Muon
 from training.schedule import apply_schedule, learning_rate, schedule_shortfalls, set_learning_rate
+from tests import warm_python
 
 ARGS = dict(peak_lr=1.0, min_lr=0.1, warmup_iters=10, decay_iters=110)
 
@@ -98,8 +98,8 @@ TINY = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_siz
                                                         "train.decay_iters=100, but the run ends at train.max_iters=3"),
 ])
 def test_a_run_whose_schedule_the_end_cuts_short_says_so_in_one_line_at_its_start(tmp_path, overrides, says):
-    result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *TINY, *overrides], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+    result = warm_python.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *TINY, *overrides], cwd=REPO,
+                             timeout=300)
     assert result.returncode == 0, result.stderr
     [line] = [line for line in result.stdout.splitlines() if "[WARNING]" in line]
     assert says in line, line

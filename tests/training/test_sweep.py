@@ -19,6 +19,7 @@ from scripts.plot_curves import CLIPPED_NOTE, every_point_lines, group_figure
 from scripts.plot_sweep import panel_figure, sweep_lines
 from scripts.run_selection import load_runs
 from training.metrics import read_metrics
+from tests import warm_python
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_size=2", "train.block_size=32",
@@ -26,8 +27,8 @@ TINY = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_siz
 
 
 def sweep(sweep_dir, *overrides):
-    return subprocess.run([sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep_dir}", *TINY, *overrides],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    return warm_python.run([sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep_dir}", *TINY, *overrides],
+                           cwd=REPO, timeout=600)
 
 
 def point(sweep_dir, index) -> Path:
@@ -100,7 +101,7 @@ def test_a_sweep_whose_points_run_as_jobs_of_their_own_reports_this_launchs_fail
 def test_a_single_run_that_fails_records_why_and_a_later_launch_that_trains_clears_it(tmp_path):
     command = [sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *TINY, "train.max_iters=3",
                "train.eval_interval=3"]
-    result = subprocess.run([*command, "optimizer.lr=1e8"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = warm_python.run([*command, "optimizer.lr=1e8"], cwd=REPO, timeout=600)
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 1 and last.startswith("error: diverged at step "), result.stderr
     # The advice ends on the exact command that resumes the run, as the closing summary gives it.
@@ -108,16 +109,15 @@ def test_a_single_run_that_fails_records_why_and_a_later_launch_that_trains_clea
                          f"train.max_iters=3 train.eval_interval=3 optimizer.lr=1e8 hydra.run.dir={tmp_path} "
                          "train.resume=true"), last
     assert failure(tmp_path)["kind"] == "diverged" and failure(tmp_path)["overrides"][-1] == "optimizer.lr=1e8"
-    result = subprocess.run([*command, "train.overwrite=true"], cwd=REPO, capture_output=True, text=True,
-                            timeout=600)
+    result = warm_python.run([*command, "train.overwrite=true"], cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stderr
     assert failure(tmp_path) is None
 
 
 @pytest.mark.slow
 def test_a_run_ends_with_a_summary_naming_its_losses_checkpoint_and_the_commands_to_resume_and_tabulate(tmp_path):
-    result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *TINY, "train.max_iters=4",
-                             "train.eval_interval=2"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = warm_python.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *TINY, "train.max_iters=4",
+                              "train.eval_interval=2"], cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stderr
     losses = {r["step"]: r["val/loss"] for r in read_metrics(tmp_path) if "val/loss" in r}
     best_step = min(losses, key=losses.get)
@@ -249,7 +249,7 @@ def test_a_sweep_with_a_finite_blow_up_and_a_refused_gamma_gives_a_table_and_fig
 
     # Followed with a lower lr, the advice trains the point in its directory, and it fails no more.
     lowered = ["optimizer.lr=1e-3" if arg == "optimizer.lr=10" else arg for arg in rerun]
-    assert subprocess.run(lowered, cwd=REPO, capture_output=True, text=True, timeout=600).returncode == 0
+    assert warm_python.run(lowered, cwd=REPO, timeout=600).returncode == 0
     assert failure(blown) is None and last_step(blown) == 4
 
 
@@ -259,8 +259,8 @@ def test_a_sweep_whose_every_point_diverged_has_no_best_and_no_figure_but_a_line
     assert result.returncode == 1 and "2 of 2 sweep points failed" in result.stderr, result.stderr
     rows = setting_rows(make_table(load_runs([str(tmp_path)])))
     assert [row[7] for row in rows.values()] == ["failed (diverged)"] * 2
-    plotted = subprocess.run([sys.executable, "-m", "scripts.plot_sweep", str(tmp_path), "--out", tmp_path / "sweeps"],
-                             cwd=REPO, capture_output=True, text=True, timeout=300)
+    plotted = warm_python.run([sys.executable, "-m", "scripts.plot_sweep", str(tmp_path), "--out", tmp_path / "sweeps"],
+                              cwd=REPO, timeout=300)
     assert plotted.returncode == 1 and plotted.stderr.strip().splitlines()[-1] == (
         "error: every point of the lr sweep of 1x32, Shakespeare (embedded), 256 tokens failed: nothing to plot "
         "(scripts.make_table gives each one's reason)"), plotted.stderr
@@ -269,9 +269,9 @@ def test_a_sweep_whose_every_point_diverged_has_no_best_and_no_figure_but_a_line
 
 @pytest.mark.slow
 def test_a_run_that_trains_on_past_its_blow_up_is_marked_diverged_at_its_end_and_step_0_is_not_its_best(tmp_path):
-    result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *TINY, "train.max_iters=4",
-                             "train.eval_interval=2", "optimizer.lr=10", "train.stop_on_diverged_val_loss=false"],
-                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = warm_python.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *TINY, "train.max_iters=4",
+                              "train.eval_interval=2", "optimizer.lr=10", "train.stop_on_diverged_val_loss=false"],
+                             cwd=REPO, timeout=600)
     losses = val_losses(tmp_path)
     assert result.returncode == 1 and sorted(losses) == [0, 2, 4], result.stderr  # trained to its end
     best_step = min((step for step in losses if step > 0), key=losses.get)
@@ -282,8 +282,8 @@ def test_a_run_that_trains_on_past_its_blow_up_is_marked_diverged_at_its_end_and
 
 def script(name, *args) -> str:
     """The standard output of ``python -m scripts.<name> args...``, which must succeed."""
-    result = subprocess.run([sys.executable, "-m", f"scripts.{name}", *map(str, args)], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+    result = warm_python.run([sys.executable, "-m", f"scripts.{name}", *map(str, args)], cwd=REPO,
+                             timeout=300)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -345,9 +345,9 @@ def test_resuming_a_finished_run_needs_neither_its_checkpoint_loaded_nor_its_dat
     shutil.copytree(prepare_embedded(), shards)
     command = [sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'run'}", *TINY, "data=custom",
                f"data.dir={shards}", "train.max_iters=2", "train.eval_interval=2"]
-    assert subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600).returncode == 0
+    assert warm_python.run(command, cwd=REPO, timeout=600).returncode == 0
     shutil.rmtree(shards)  # a finished sweep point whose data moved away since
-    result = subprocess.run([*command, "train.resume=true"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = warm_python.run([*command, "train.resume=true"], cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "already at train.max_iters=2: nothing to do (raise train.max_iters to train on)" in result.stdout
 

@@ -1,0 +1,175 @@
+"""Run ``python SCRIPT ARGS...`` (or ``python -m MODULE ARGS...``) in a fresh process without paying for torch's
+import each time.
+
+Every launch of train.py imports torch, torch._dynamo (torch.optim imports it when an optimizer is built) and
+Hydra: about 3.5 s of the 4 s a two-step CPU run takes. The suite launches train.py a few hundred times, so
+``run`` forks each launch from a Python that has imported those once (a zygote, as Android starts apps) and runs
+the script there as ``python SCRIPT`` would: its own process, working directory, environment, ``sys.argv``,
+``sys.path[0]``, stdin from /dev/null, stdout and stderr captured, exit status, traceback or ``SystemExit``
+message, and interpreter shutdown (atexit, flushing). The script and the project's own modules are imported
+afresh in each launch; only the third-party modules in ``PRELOADED`` are shared.
+
+What a fork cannot give, ``run`` leaves to ``subprocess.run``: another interpreter or a command prefix
+(``setpriv``), an environment that changes a variable read when torch is imported (``ENV_READ_AT_IMPORT``), and
+anything that is not ``python SCRIPT`` or ``python -m MODULE``. Tests about how a launch starts (its imports, torchrun, signals sent to
+a running process) start real processes.
+"""
+import atexit
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PRELOADED = ("torch", "torch._dynamo", "numpy", "hydra", "omegaconf")
+ENV_READ_AT_IMPORT = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES",
+                      "TORCH_COMPILE_DISABLE", "PYTHONHASHSEED")
+
+# torchrun's workers read the agent's command line from /proc (training.elastic): a forked agent's is the zygote's.
+NOT_FORKED_MODULES = ("torch.distributed.run",)
+
+# The zygote: imports PRELOADED, then for each request forks a child that leaves the loop and runs the script at
+# the top level, so that an uncaught exception or SystemExit ends it exactly as it ends `python SCRIPT`.
+ZYGOTE = r"""
+import importlib, json, os, runpy, signal, socket, sys, time
+for name in sys.argv[2].split(","):
+    importlib.import_module(name)
+channel = socket.socket(fileno=int(sys.argv[1]))
+requests = channel.makefile("r")
+
+def serve():
+    for line in requests:
+        request = json.loads(line)
+        child = os.fork()
+        if child == 0:
+            return request
+        deadline, status = time.monotonic() + request["timeout"], None
+        while status is None:
+            done, code = os.waitpid(child, os.WNOHANG)
+            if done:
+                status = os.waitstatus_to_exitcode(code)
+            elif time.monotonic() > deadline:
+                os.killpg(child, signal.SIGKILL)
+                os.waitpid(child, 0)
+                status = "timeout"
+            else:
+                time.sleep(0.01)
+        channel.sendall((json.dumps({"returncode": status}) + "\n").encode())
+    raise SystemExit(0)
+
+request = serve()
+os.setpgid(0, 0)  # a timeout kills the script and whatever it started
+channel.close()
+stdin = os.open(os.devnull, os.O_RDONLY)
+os.dup2(stdin, 0)
+for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+os.chdir(request["cwd"])
+os.environ.clear()
+os.environ.update(request["env"])
+argv = request["argv"]
+del request, stdin, fd, path
+
+
+def run_as_main():
+    if argv[0] == "-m":  # python -m MODULE: the working directory first on the path, argv[0] the module's file
+        sys.argv, sys.path[0] = ["-m", *argv[2:]], os.getcwd()
+        sys.path[1:1] = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        return
+    # python SCRIPT: argv[0] as given, __file__ absolute, the script's directory first on the path
+    import builtins, importlib.machinery, types
+    script = os.path.abspath(argv[0])
+    sys.argv, sys.path[0] = list(argv), os.path.dirname(script)
+    sys.path[1:1] = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    main = types.ModuleType("__main__")
+    main.__file__, main.__builtins__ = script, builtins
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
+    sys.modules["__main__"] = main
+    with open(script, "rb") as source:
+        code = compile(source.read(), script, "exec")
+    exec(code, main.__dict__)
+
+
+try:
+    run_as_main()
+except SystemExit:
+    raise
+except BaseException as error:  # told as the interpreter tells it, without the zygote's and runpy's frames
+    trace = error.__traceback__
+    while trace is not None and trace.tb_frame.f_code.co_filename in ("<string>", "<frozen runpy>"):
+        trace = trace.tb_next
+    sys.excepthook(type(error), error.with_traceback(trace), trace)
+    if isinstance(error, KeyboardInterrupt):  # the interpreter ends on SIGINT's default action
+        import atexit
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    raise SystemExit(1)
+"""
+
+
+class Zygote:
+    def __init__(self):
+        ours, theirs = socket.socketpair()
+        self.process = subprocess.Popen([sys.executable, "-c", ZYGOTE, str(theirs.fileno()), ",".join(PRELOADED)],
+                                        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.channel, self.replies = ours, ours.makefile("r")
+
+    def run(self, argv: list[str], cwd: Path, env: dict, timeout: float) -> tuple[int | None, str, str]:
+        with tempfile.TemporaryDirectory() as folder:
+            out, err = Path(folder) / "stdout", Path(folder) / "stderr"
+            request = {"argv": argv, "cwd": str(cwd), "env": env, "timeout": timeout, "stdout": str(out),
+                       "stderr": str(err)}
+            self.channel.sendall((json.dumps(request) + "\n").encode())
+            reply = self.replies.readline()
+            if not reply:
+                raise RuntimeError(f"the warm Python (pid {self.process.pid}) ended: exit status {self.process.wait()}")
+            status = json.loads(reply)["returncode"]
+            return (None if status == "timeout" else status), out.read_text(errors="replace"), err.read_text(
+                errors="replace")
+
+    def close(self):
+        self.replies.close()
+        self.channel.close()  # the zygote reads the end of its requests and exits
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+_zygote: Zygote | None = None
+
+
+def forkable(args, env) -> bool:
+    """Whether ``args`` is ``python SCRIPT.py ...`` or ``python -m MODULE ...`` whose environment a fork of this
+    process can give."""
+    if len(args) < 2 or args[0] != sys.executable:
+        return False
+    if not (args[1].endswith(".py") or (args[1] == "-m" and len(args) > 2 and args[2] not in NOT_FORKED_MODULES)):
+        return False
+    return env is None or all(env.get(name) == os.environ.get(name) for name in ENV_READ_AT_IMPORT)
+
+
+def run(args, *, cwd, timeout: float, env: dict | None = None, check: bool = False) -> subprocess.CompletedProcess:
+    """``subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=check)``,
+    forked from a warm Python where it can be (see the module's docstring)."""
+    args = [str(arg) for arg in args]
+    if not forkable(args, env):
+        return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=check)
+    global _zygote
+    if _zygote is None or _zygote.process.poll() is not None:
+        _zygote = Zygote()
+        atexit.register(_zygote.close)
+    returncode, stdout, stderr = _zygote.run(args[1:], Path(cwd).resolve(), dict(os.environ if env is None else env),
+                                             timeout)
+    if returncode is None:
+        raise subprocess.TimeoutExpired(args, timeout, stdout, stderr)
+    result = subprocess.CompletedProcess(args, returncode, stdout, stderr)
+    if check:
+        result.check_returncode()
+    return result
