@@ -10,9 +10,9 @@ message, and interpreter shutdown (atexit, flushing). The script and the project
 afresh in each launch; only the third-party modules in ``PRELOADED`` are shared.
 
 What a fork cannot give, ``run`` leaves to ``subprocess.run``: another interpreter or a command prefix
-(``setpriv``), an environment that changes a variable read when torch is imported (``ENV_READ_AT_IMPORT``), and
-anything that is not ``python SCRIPT`` or ``python -m MODULE``. Tests about how a launch starts (its imports, torchrun, signals sent to
-a running process) start real processes.
+(``setpriv``), an environment that changes a variable read when torch is imported (``ENV_READ_AT_IMPORT``),
+torchrun (``NOT_FORKED_MODULES``), and anything that is not ``python SCRIPT`` or ``python -m MODULE``. Tests about
+how a launch starts (its imports, torchrun, signals sent to a running process) start real processes.
 """
 import atexit
 import json
