@@ -98,7 +98,7 @@ def test_mars_m_and_moonlight_learn_through_the_same_trainer(tmp_path, optimizer
 @pytest.mark.slow
 def test_issue_command_writes_falling_val_loss(tmp_path):
     run_train(tmp_path, "model=tiny", "data=embedded", "train.max_iters=20", "train.eval_interval=20",
-              "wandb.mode=disabled")
+              "train.batch_size=4", "wandb.mode=disabled")
     val = [r["val/loss"] for r in metrics(tmp_path) if "val/loss" in r]
     assert len(val) >= 2 and val[-1] < val[0] - 1.0
     record = next(r for r in metrics(tmp_path) if "train/loss" in r)

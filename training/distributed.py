@@ -37,7 +37,7 @@ STORE_POLL_S = 0.05
 # SLURM's srun) wait out the whole delay and the first rank has only its line to write: a shorter wait ends the job
 # sooner.
 QUIET_RANK_EXIT_DELAY_S = 30.0
-QUIET_RANK_EXIT_DELAY_WITHOUT_AGENT_S = 10.0
+QUIET_RANK_EXIT_DELAY_WITHOUT_AGENT_S = 5.0
 # Set by scripts/reason_last.sh: the file that receives the reason a run stopped for, which the script prints last.
 REASON_VARIABLE = "TRAIN_REASON_FILE"
 

@@ -80,24 +80,46 @@ def test_a_single_process_stops_at_the_batch_holding_a_token_id_beyond_the_vocab
         batches.batch(step=2)  # tokens 16 to 24
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("optimizer", ["mars-adamw", "adamw", "muon", "mars-m", "moonlight"])
-def test_two_gloo_ranks_train_like_one_process_with_doubled_accumulation(tmp_path, optimizer):
+def gloo_options(optimizer: str) -> list[str]:
+    """The options of the two-rank comparisons with ``optimizer``: one global batch of 8 sequences of 2
+    (accumulation 4 in one process, 2 on each of two ranks: no_sync on the first micro-batch, all-reduce on the
+    second)."""
     # Muon: the two ranks share out the Newton-Schulz work; float32 keeps this 1-layer run fast on a CPU.
     # float32 updates too: one process and two ranks sum the gradients in different orders, and rounding the
     # update to bfloat16 (the authors' Muon) turns those last-bit differences into whole bfloat16 steps.
-    extra = ["optimizer.ns_dtype=float32", "optimizer.update_dtype=float32"] if optimizer == "muon" else []
-    extra += ["optimizer.ns_dtype=float32"] if optimizer in ("mars-m", "moonlight") else []
+    options = [f"optimizer={optimizer}", "train.global_batch_size=8"]
+    options += ["optimizer.ns_dtype=float32", "optimizer.update_dtype=float32"] if optimizer == "muon" else []
+    # MARS-M, Moonlight: float32 Newton-Schulz; ZeRO-1 orthogonalises each matrix on its owner rank, unsharded DDP
+    # shares the work out by another plan, and in bfloat16 the two could round apart.
+    options += ["optimizer.ns_dtype=float32"] if optimizer in ("mars-m", "moonlight") else []
     # The authors' summed gradients (4x the mean) must not depend on how the batch is split into ranks either.
-    extra += ["train.grad_multiplier=4"] if optimizer == "mars-adamw" else []
+    options += ["train.grad_multiplier=4"] if optimizer == "mars-adamw" else []
     # HellaSwag too: the two ranks score alternate items and add up their counts.
-    extra += ["train.hellaswag_interval=2", f"train.hellaswag_file={REPO / 'tests/evaluation/hellaswag_sample.jsonl'}"]
-    # One global batch of 8 sequences of 2: accumulation 4 in one process, 2 on each of two ranks (no_sync on
-    # the first micro-batch, all-reduce on the second).
-    one, one_ckpt = run([sys.executable, "train.py"], tmp_path / "one", f"optimizer={optimizer}",
-                        "train.global_batch_size=8", *extra)
-    two, two_ckpt = run([*TORCHRUN, "train.py"], tmp_path / "two", f"optimizer={optimizer}",
-                        "train.global_batch_size=8", *extra)
+    return options + ["train.hellaswag_interval=2",
+                      f"train.hellaswag_file={REPO / 'tests/evaluation/hellaswag_sample.jsonl'}"]
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory):
+    """The two-rank DDP run with ``gloo_options(optimizer)``, (records, checkpoint), made once for the tests of
+    this module that compare against it (under pytest-xdist, once per worker that runs such a test). No test may
+    change its directory."""
+    runs = {}
+
+    def run_once(optimizer: str):
+        if optimizer not in runs:
+            runs[optimizer] = run([*TORCHRUN, "train.py"], tmp_path_factory.mktemp(f"ddp-{optimizer}"),
+                                  *gloo_options(optimizer))
+        return runs[optimizer]
+
+    return run_once
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["mars-adamw", "mars-lion", "adamw", "muon", "mars-m", "moonlight"])
+def test_two_gloo_ranks_train_like_one_process_with_doubled_accumulation(tmp_path, two_rank_run, optimizer):
+    one, one_ckpt = run([sys.executable, "train.py"], tmp_path / "one", *gloo_options(optimizer))
+    two, two_ckpt = two_rank_run(optimizer)
     assert losses(two, "train/loss") == pytest.approx(losses(one, "train/loss"), rel=1e-6)
     assert losses(two, "val/loss") == pytest.approx(losses(one, "val/loss"), rel=1e-6)
     assert losses(two, "grad_norm") == pytest.approx(losses(one, "grad_norm"), rel=1e-5)
@@ -128,12 +150,12 @@ def test_a_failed_training_block_ends_the_gloo_group_before_the_interpreter_exit
     assert result.returncode == 0, result.stderr
 
 
-def zero1_trains_like_ddp(tmp_path, state_key, *options, checkpoint_interval=4):
-    """Train with and without ZeRO-1 under torchrun; assert the same losses, weights and (gathered) state.
+def zero1_trains_like_ddp(tmp_path, two_rank_run, optimizer, state_key, checkpoint_interval=4):
+    """Train with ZeRO-1 under torchrun; assert the losses, weights and (gathered) state of the same run without.
     Returns the ZeRO-1 run's records."""
-    plain, plain_ckpt = run([*TORCHRUN, "train.py"], tmp_path / "plain", *options)
-    sharded, sharded_ckpt = run([*TORCHRUN, "train.py"], tmp_path / "zero1", *options, "train.zero1=true",
-                                f"train.checkpoint_interval={checkpoint_interval}")
+    plain, plain_ckpt = two_rank_run(optimizer)
+    sharded, sharded_ckpt = run([*TORCHRUN, "train.py"], tmp_path / "zero1", *gloo_options(optimizer),
+                                "train.zero1=true", f"train.checkpoint_interval={checkpoint_interval}")
     assert losses(sharded, "train/loss") == pytest.approx(losses(plain, "train/loss"), rel=1e-6)
     for name, tensor in plain_ckpt["model"].items():
         torch.testing.assert_close(sharded_ckpt["model"][name], tensor, rtol=1e-5, atol=1e-6)
@@ -145,25 +167,24 @@ def zero1_trains_like_ddp(tmp_path, state_key, *options, checkpoint_interval=4):
 
 
 @pytest.mark.slow
-def test_zero1_sharded_mars_adamw_trains_like_unsharded_and_resumes_exactly_from_its_gathered_checkpoint(tmp_path):
-    full = zero1_trains_like_ddp(tmp_path, lambda s: s["exp_avg"].dim() == 2, "optimizer=mars-adamw",
+def test_zero1_sharded_mars_adamw_trains_like_unsharded_and_resumes_exactly_from_its_gathered_checkpoint(
+        tmp_path, two_rank_run):
+    full = zero1_trains_like_ddp(tmp_path, two_rank_run, "mars-adamw", lambda s: s["exp_avg"].dim() == 2,
                                  checkpoint_interval=2)
     (tmp_path / "zero1" / "checkpoints" / "ckpt_00000004.pt").unlink()
-    resumed, _ = run([*TORCHRUN, "train.py"], tmp_path / "zero1", "optimizer=mars-adamw", "train.zero1=true",
+    resumed, _ = run([*TORCHRUN, "train.py"], tmp_path / "zero1", *gloo_options("mars-adamw"), "train.zero1=true",
                      "train.checkpoint_interval=2", "train.resume=true")
     assert losses(resumed, "train/loss") == losses(full, "train/loss")
 
 
 @pytest.mark.slow
-def test_zero1_sharded_mars_lion_trains_like_unsharded_mars_lion(tmp_path):
-    zero1_trains_like_ddp(tmp_path, lambda s: s["exp_avg"].dim() == 2, "optimizer=mars-lion")
+def test_zero1_sharded_mars_lion_trains_like_unsharded_mars_lion(tmp_path, two_rank_run):
+    zero1_trains_like_ddp(tmp_path, two_rank_run, "mars-lion", lambda s: s["exp_avg"].dim() == 2)
 
 
 @pytest.mark.slow
-def test_zero1_sharded_mars_m_trains_like_unsharded_mars_m(tmp_path):
-    # float32 Newton-Schulz: ZeRO-1 orthogonalises each matrix on its owner rank, unsharded DDP shares the work out
-    # by another plan; in bfloat16 the two could round apart.
-    zero1_trains_like_ddp(tmp_path, lambda s: "momentum_buffer" in s, "optimizer=mars-m", "optimizer.ns_dtype=float32")
+def test_zero1_sharded_mars_m_trains_like_unsharded_mars_m(tmp_path, two_rank_run):
+    zero1_trains_like_ddp(tmp_path, two_rank_run, "mars-m", lambda s: "momentum_buffer" in s)
 
 
 @pytest.mark.slow
