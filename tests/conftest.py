@@ -26,3 +26,9 @@ def embedded_corpus_cache(tmp_path_factory):
     from data.embedded import prepare_embedded
 
     return prepare_embedded()
+
+
+def pytest_collection_modifyitems(items):
+    """Slow tests first (in their order): pytest-xdist's workers then end on short tests together, instead of one
+    waiting for the other's last long run."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -98,12 +98,18 @@ def logs(tmp_path: Path) -> str:
     return "\n".join(path.read_text() for path in sorted(tmp_path.glob("node*.log")))
 
 
-def kill_a_worker_and_resume(tmp_path: Path, victim: int) -> None:
-    """SIGKILL node ``victim``'s worker after the step-4 checkpoint: both nodes restart their workers, which
-    resume from that checkpoint and end with the losses of a run that was never interrupted."""
-    reference = tmp_path / "reference"
+@pytest.fixture(scope="module")
+def uninterrupted_run(tmp_path_factory) -> Path:
+    """The 12-step run the killed-and-resumed jobs must reproduce, made once for them (no test changes it)."""
+    reference = tmp_path_factory.mktemp("uninterrupted")
     warm_python.run([sys.executable, "train.py", f"hydra.run.dir={reference}", *SMALL, "train.max_iters=12"],
                     cwd=REPO, check=True, timeout=WAIT_S)
+    return reference
+
+
+def kill_a_worker_and_resume(tmp_path: Path, victim: int, reference: Path) -> None:
+    """SIGKILL node ``victim``'s worker after the step-4 checkpoint: both nodes restart their workers, which
+    resume from that checkpoint and end with the losses of ``reference``, a run that was never interrupted."""
     run_dir = tmp_path / "killed"
     killed = []
 
@@ -124,11 +130,12 @@ def kill_a_worker_and_resume(tmp_path: Path, victim: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", [1, 0, 1], ids=["node1", "node0", "node1-again"])
-def test_a_killed_worker_restarts_both_nodes_under_c10d_and_the_run_resumes_exactly(tmp_path, victim):
+def test_a_killed_worker_restarts_both_nodes_under_c10d_and_the_run_resumes_exactly(tmp_path, uninterrupted_run,
+                                                                                    victim):
     # Under c10d only the node whose worker died counts a restart (TORCHELASTIC_RESTART_COUNT=1); the other
     # restarts as a membership change and keeps 0. The restarted group must still find each other, every time:
     # three tries here (the machine is small), ten in a row by hand (see docs/multi-node.md).
-    kill_a_worker_and_resume(tmp_path, victim)
+    kill_a_worker_and_resume(tmp_path, victim, uninterrupted_run)
 
 
 @pytest.mark.slow
