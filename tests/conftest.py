@@ -29,6 +29,6 @@ def embedded_corpus_cache(tmp_path_factory):
 
 
 def pytest_collection_modifyitems(items):
-    """Slow tests first (in their order): pytest-xdist's workers then end on short tests together, instead of one
-    waiting for the other's last long run."""
+    """Slow tests first (in their order): the long runs start early and short tests are left to even out when the
+    pytest-xdist workers finish. With the shared elastic reference run: 10m20s -> 10m02s for the suite on 2 cores."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
