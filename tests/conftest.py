@@ -5,9 +5,9 @@ set here, before any test module imports one. With a CUDA device the kernels com
 """
 import os
 
-# The tests' models are tiny: one thread trains them faster than two and uses less CPU (a 20-step run of
-# train.py on 2 cores: 5.4 s / 4.2 s CPU against 6.0-7.3 s / 5.7-7.0 s), which leaves the other cores to
-# pytest-xdist's other workers. Set before torch is imported, so this process and every subprocess use it.
+# The tests' models are tiny: one thread trains them faster than several and uses less CPU, which leaves the
+# other cores to pytest-xdist's other workers. Set before torch is imported, so this process and every subprocess
+# use it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
@@ -30,5 +30,5 @@ def embedded_corpus_cache(tmp_path_factory):
 
 def pytest_collection_modifyitems(items):
     """Slow tests first (in their order): the long runs start early and short tests are left to even out when the
-    pytest-xdist workers finish. With the shared elastic reference run: 10m20s -> 10m02s for the suite on 2 cores."""
+    pytest-xdist workers finish."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -37,8 +37,7 @@ def without_root_file_access() -> list[str]:
 
 def train(run_dir, *overrides, prefix=(), env=None, cwd=REPO):
     return warm_python.run([*prefix, sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", *SMALL,
-                            *overrides], cwd=cwd, timeout=300,
-                           env=environment(env or {}))
+                            *overrides], cwd=cwd, timeout=300, env=environment(env or {}))
 
 
 def environment(changes: dict) -> dict:
@@ -213,8 +212,7 @@ def test_a_yaml_syntax_error_in_the_users_own_config_is_named_by_file_line_and_c
     # Hydra takes its options before the overrides
     added = [f"hydra.searchpath=[file://{config_dir}]"] if where == "hydra.searchpath" else [where, str(config_dir)]
     result = warm_python.run([sys.executable, str(REPO / "train.py"), *added, f"hydra.run.dir={tmp_path / 'run'}",
-                              *SMALL, "optimizer=mine"], cwd=REPO, timeout=300,
-                             env=environment({}))
+                              *SMALL, "optimizer=mine"], cwd=REPO, timeout=300, env=environment({}))
     assert_one_line(result, f"{mine} is not valid YAML", "line 5, column 3", "expected ',' or ']'",
                     "line 4, column 8", "fix the syntax")
     assert not (tmp_path / "run").exists()

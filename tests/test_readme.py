@@ -1,7 +1,6 @@
 import os
 import re
 import shlex
-import subprocess
 import sys
 import tomllib
 from pathlib import Path

@@ -1,7 +1,6 @@
 """End-to-end runs of train.py in subprocesses, as a user launches it."""
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 

@@ -62,6 +62,11 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def under_torchrun_agent() -> bool:
+    """Whether torchrun's agent started this process (it watches the workers; srun-started ranks have none)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
 def stop_with_message(message: str, every_rank_meets_it: bool, restartable: bool = False) -> NoReturn:
     """Exit with ``message`` as the process's last line and a non-zero status.
 
@@ -75,8 +80,7 @@ def stop_with_message(message: str, every_rank_meets_it: bool, restartable: bool
     prints it last (scripts/reason_last.sh).
     """
     if every_rank_meets_it and not tells_faults_of_every_rank():
-        under_agent = "TORCHELASTIC_RUN_ID" in os.environ
-        time.sleep(QUIET_RANK_EXIT_DELAY_S if under_agent else QUIET_RANK_EXIT_DELAY_WITHOUT_AGENT_S)
+        time.sleep(QUIET_RANK_EXIT_DELAY_S if under_torchrun_agent() else QUIET_RANK_EXIT_DELAY_WITHOUT_AGENT_S)
         raise SystemExit(1)
     if launched_by_torchrun():
         write_for_launchers(message, restartable)
@@ -88,7 +92,7 @@ def stop_with_message(message: str, every_rank_meets_it: bool, restartable: bool
 def tells_faults_of_every_rank() -> bool:
     """Whether this rank is the one to tell a fault that every rank meets: under torchrun's agent the first rank of
     its node, else rank 0."""
-    if "TORCHELASTIC_RUN_ID" in os.environ:
+    if under_torchrun_agent():
         return int(os.environ.get("LOCAL_RANK", "0")) == 0
     return not launched_by_torchrun() or int(os.environ["RANK"]) == 0
 
@@ -135,7 +139,7 @@ def init_distributed(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S)
                                     world_size=world_size, timeout=timeout)
         except (dist.DistError, TimeoutError) as err:
             # Without torchrun's agent, the variables may be what an earlier launcher left in the shell.
-            leftover = "" if "TORCHELASTIC_RUN_ID" in os.environ else (
+            leftover = "" if under_torchrun_agent() else (
                 f", or these variables are left over from an earlier launcher in this shell: `unset "
                 f"{' '.join(LAUNCHER_VARIABLES)}` to train in one process")
             raise GroupJoinTimeout(

@@ -1,7 +1,6 @@
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 

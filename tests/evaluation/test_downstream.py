@@ -2,7 +2,6 @@
 lm-evaluation-harness on a four-question local task, against the same accuracy computed by hand with our model."""
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 

@@ -1,6 +1,5 @@
 """Sampling: deterministic with a seed, greedy at temperature 0, top-k, never a padding token; the CLI on a
 checkpoint written by train.py."""
-import subprocess
 import sys
 from pathlib import Path
 

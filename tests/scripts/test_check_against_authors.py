@@ -2,7 +2,6 @@
 directory that is not their checkout, and the comparison machinery, run on our optimizers against themselves."""
 import copy
 import json
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
