@@ -17,6 +17,7 @@ from mars.optimizer import (
     check_non_negative,
     DispatchingOptimizer,
     each_tensor,
+    following_rate,
     state_buffers,
 )
 
@@ -38,16 +39,18 @@ class Muon(CudaGraphedNewtonSchulz, DispatchingOptimizer):
     where :math:`\mathrm{NS}_k` is :func:`mars.reference.newton_schulz5` with ``ns_steps`` iterations in
     ``ns_dtype`` (the authors' bfloat16 by default; float32 is ~10x faster on CPUs without bfloat16 units) and
     round is to ``update_dtype``. Other tensors take AdamW with ``adamw_betas``, ``adamw_eps``,
-    ``adamw_weight_decay`` and learning rate ``adamw_lr``, which a schedule sets beside ``lr`` (the trainer
-    schedules each part from its own peak to the same min_lr, as the authors' trainer does:
-    ``training.schedule.apply_schedule``). State is float32 for
+    ``adamw_weight_decay`` and learning rate ``adamw_lr``, which follows the group's lr: the group keeps
+    ``adamw_lr_ratio = adamw_lr / lr`` from its creation and steps at that ratio times its current lr, so any torch
+    scheduler on ``lr`` schedules both (the trainer sets the ratio each step to schedule each part from its own peak
+    to the same min_lr, as the authors' trainer does: ``training.schedule.apply_schedule``). State is float32 for
     bfloat16/float16/float32 parameters, float64 for float64 ones (whose updates are computed in float64; the
     orthogonalised update is still rounded to ``update_dtype``).
 
     A param group may set any hyperparameter of its own, and takes the constructor's for the others (a group that
-    sets ``lr`` keeps the constructor's ``adamw_lr``); ``process_group``, ``ns_cuda_graph`` and ``foreach`` hold for
-    the whole optimizer and are refused in a group. ``lr`` and ``adamw_lr`` may be 1-element tensors, read as
-    floats once per step.
+    sets ``lr`` keeps the constructor's ``adamw_lr``, as its ratio to the group's own lr); ``process_group``,
+    ``ns_cuda_graph`` and ``foreach`` hold for the whole optimizer and are refused in a group. ``lr`` and
+    ``adamw_lr`` may be 1-element tensors, read as floats once per step (``adamw_lr`` once, when the group is
+    created).
 
     Two options default to the authors' (``MARS/train_muon.py:209-217`` combines their ``optimizers/adamw.py``
     and ``optimizers/muon.py``); ``adamw_variant="torch"`` and ``update_dtype=torch.float32`` give torch's AdamW
@@ -79,7 +82,7 @@ class Muon(CudaGraphedNewtonSchulz, DispatchingOptimizer):
 
     OPTIMIZER_OPTIONS = ("process_group", "ns_cuda_graph", "foreach")
     LEARNING_RATES = ("lr", "adamw_lr")
-    SAVED_AS_RATIO = {"adamw_lr": "adamw_lr_ratio"}
+    FOLLOWING_LRS = ("adamw_lr",)
 
     def __init__(
         self,
@@ -145,7 +148,7 @@ class Muon(CudaGraphedNewtonSchulz, DispatchingOptimizer):
         states = self._states(params)
         exp_avgs, exp_avg_sqs = state_buffers(params, states, "exp_avg"), state_buffers(params, states, "exp_avg_sq")
         beta1, beta2 = group["adamw_betas"]
-        hyper = dict(steps=advance_steps(states), lr=as_float(group["adamw_lr"]), beta1=beta1,
+        hyper = dict(steps=advance_steps(states), lr=following_rate(group, "adamw_lr"), beta1=beta1,
                      beta2=beta2, eps=group["adamw_eps"], weight_decay=group["adamw_weight_decay"])
         grads = [param.grad for param in params]
         if group["adamw_variant"] == "authors":

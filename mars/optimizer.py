@@ -133,17 +133,55 @@ def check_learning_rates(group: dict[str, Any], names: tuple[str, ...]) -> None:
         check_non_negative(**{name: value})
 
 
-def learning_rates_from_saved_ratios(state_dict: dict[str, Any], ratios: dict[str, str]) -> dict[str, Any]:
-    """``state_dict`` with each saved group's ratio (``ratios``: a learning rate's name -> the ratio to lr that
-    versions before it saved instead, MARS's ``lr_1d_ratio``) turned into the learning rate it stepped with."""
+def ratio_key(name: str) -> str:
+    """The key under which a param group keeps a learning rate that follows its lr (``lr_1d`` -> ``lr_1d_ratio``)."""
+    return f"{name}_ratio"
+
+
+def ratio_to_lr(name: str, rate: float | Tensor, lr: float | Tensor) -> float:
+    """``rate / lr``, the ratio a group keeps of the learning rate ``name`` to its lr. A group created at lr = 0 has no
+    ratio to keep unless ``rate`` is 0 too: refused, naming both."""
+    rate, lr = as_float(rate), as_float(lr)
+    if lr > 0.0:
+        return rate / lr
+    if rate == 0.0:
+        return 0.0
+    raise ValueError(
+        f"{name}={rate!r} with lr=0: {name} follows the group's lr as the ratio {name} / lr, fixed when the group is "
+        f"created, and lr=0 gives no ratio. Create the group at its peak lr and let the schedule start it at 0 (as "
+        f"torch's LambdaLR or LinearLR warmups do), or set {name}=0"
+    )
+
+
+def ratios_from_saved_learning_rates(state_dict: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """``state_dict`` with each saved group's learning rate among ``names`` (MARS's ``lr_1d``, which versions of
+    2026-11-27 saved as a rate) turned into the ratio to lr it steps with; a saved ratio is kept as it is."""
     def upgraded(group: dict[str, Any]) -> dict[str, Any]:
         group = dict(group)
-        for name, ratio in ratios.items():
-            if ratio in group and name not in group:
-                group[name] = as_float(group["lr"]) * group.pop(ratio)
+        for name in names:
+            rate = group.pop(name, None)
+            if ratio_key(name) not in group and rate is not None:
+                group[ratio_key(name)] = ratio_to_lr(name, rate, group["lr"])
         return group
 
     return {**state_dict, "param_groups": [upgraded(group) for group in state_dict["param_groups"]]}
+
+
+def keep_following_rates_as_ratios(group: dict[str, Any], names: tuple[str, ...], own_ratios: set[str]) -> None:
+    """Replace each learning rate of ``group`` among ``names`` by its ratio to the group's lr, unless the group came
+    with that ratio (``own_ratios``: a group copied from another optimizer's, as ZeroRedundancyOptimizer's shards)."""
+    for name in names:
+        rate = group.pop(name)
+        if name not in own_ratios:
+            group[ratio_key(name)] = ratio_to_lr(name, rate, group["lr"])
+        ratio = group[ratio_key(name)]
+        if not (isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0.0 <= ratio < float("inf")):
+            raise ValueError(f"{ratio_key(name)} must be a finite float >= 0 ({name} / lr), got {ratio!r}")
+
+
+def following_rate(group: dict[str, Any], name: str) -> float:
+    """The learning rate ``name`` a group steps with now: its ratio times the group's current lr."""
+    return as_float(group["lr"]) * group[ratio_key(name)]
 
 
 def restore_state_dtype(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
@@ -204,8 +242,10 @@ def refuse_missing_options(optimizer: torch.optim.Optimizer, state_dict: dict[st
     ``Optimizer.load_state_dict`` puts the saved groups in place of the optimizer's, so a hyperparameter missing
     from them would be missing at the next step: the state dict is another optimizer's, or older than the option.
     """
+    following = type(optimizer).FOLLOWING_LRS
     for index, saved_group in enumerate(state_dict["param_groups"]):
-        for key, value in optimizer.defaults.items():
+        for name, value in optimizer.defaults.items():
+            key = ratio_key(name) if name in following else name
             if key not in saved_group:
                 raise ValueError(
                     f"param group {index} of the state dict has no {key!r}: it was saved by another optimizer than "
@@ -224,7 +264,11 @@ class DispatchingOptimizer(torch.optim.Optimizer):
 
     Every learning rate (``LEARNING_RATES``: ``lr``, and MARS's ``lr_1d``, Muon's ``adamw_lr``) may be a float or a
     1-element tensor, read as a float once per step. A group falls back to the constructor's value of each one it
-    does not set, as in torch.optim: a group's own ``lr`` leaves its ``lr_1d`` alone.
+    does not set, as in torch.optim: a group's own ``lr`` leaves its ``lr_1d`` alone. The second learning rates
+    (``FOLLOWING_LRS``) follow the group's lr as the authors' ``lr_1d_factor`` does: a group keeps each as its ratio
+    to its own lr when it is created (``lr_1d_ratio = lr_1d / lr``, :func:`ratio_key`) and steps with the ratio
+    times its current lr, so that whatever sets ``lr`` (a torch scheduler, the trainer) moves every rate of the
+    group in proportion, and lr = 0 freezes the group. The ratio is saved with the group.
 
     The options of the whole optimizer (``OPTIMIZER_OPTIONS``, passed to ``__init__`` by name) are attributes, kept
     out of the param groups that ``state_dict()`` saves, refused in a group, and kept through a copy or pickle, but
@@ -241,12 +285,14 @@ class DispatchingOptimizer(torch.optim.Optimizer):
     OPTIMIZER_OPTIONS: tuple[str, ...] = ()
     RULES: tuple[str, ...] = ("matrices", "others")
     LEARNING_RATES: tuple[str, ...] = ("lr",)
-    # A learning rate that versions before this one kept as a ratio to lr, by the name of the ratio they saved.
-    SAVED_AS_RATIO: dict[str, str] = {}
+    # The learning rates of LEARNING_RATES that a group keeps as a ratio to its lr (ratio_key).
+    FOLLOWING_LRS: tuple[str, ...] = ()
 
     def __init__(self, params, defaults: dict[str, Any], **options: Any):
         if options.get("foreach") is not None:
             check_flags(foreach=options["foreach"])
+        # Before params is read, as torch's Adam: a bad lr is named whatever params is.
+        check_learning_rates(defaults, self.LEARNING_RATES)
         # Set first: add_param_group compares a group's options with them.
         for key, value in options.items():
             setattr(self, key, value)
@@ -255,10 +301,12 @@ class DispatchingOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group after checking its hyperparameters (defaults filled in) and its parameters."""
         refuse_optimizer_options(param_group, self)
+        own_ratios = {name for name in self.FOLLOWING_LRS if ratio_key(name) in param_group}
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         check_real_params(group["params"], type(self).__name__)
         check_learning_rates(group, self.LEARNING_RATES)
+        keep_following_rates_as_ratios(group, self.FOLLOWING_LRS, own_ratios)
         self._check_group(group)
 
     def _check_group(self, group: dict[str, Any]) -> None:
@@ -269,7 +317,7 @@ class DispatchingOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load as ``torch.optim.Optimizer`` does, keeping float32 state for low-precision parameters; refuse a
         state dict whose groups lack a hyperparameter."""
-        state_dict = learning_rates_from_saved_ratios(state_dict, self.SAVED_AS_RATIO)
+        state_dict = ratios_from_saved_learning_rates(state_dict, self.FOLLOWING_LRS)
         refuse_missing_options(self, state_dict)
         super().load_state_dict(state_dict)
         restore_state_dtype(self, state_dict)
@@ -467,8 +515,9 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
 
     Other tensors (biases, norms) take AdamW on :math:`g_t` with ``betas_1d``, weight decay
     ``weight_decay_1d`` (the group's ``weight_decay`` does not apply to them) and learning rate ``lr_1d``, which
-    a schedule sets beside ``lr`` (the trainer keeps it at ``lr_1d / lr`` of the scheduled lr, as the authors':
-    ``training.schedule.apply_schedule``).
+    follows the group's lr: the group keeps ``lr_1d_ratio = lr_1d / lr`` from its creation and steps its 1-D
+    tensors at ``lr_1d_ratio`` times its current lr, as the authors' ``lr_1d_factor`` (``MARS/optimizers/mars.py``),
+    so any torch scheduler on ``lr`` schedules both.
 
     The remembered gradient :math:`\tilde g_{t-1}` depends on the scheme:
 
@@ -494,9 +543,10 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
     ``max_exp_avg_sq`` (amsgrad), ``last_grad`` and, in the exact scheme, ``previous_grad`` (the stash).
 
     A param group may set any hyperparameter of its own, and takes the constructor's for the others (a group that
-    sets ``lr`` keeps the constructor's ``lr_1d``). ``is_approx``, ``backend``, ``process_group`` and
-    ``ns_cuda_graph`` hold for the whole optimizer: a group that sets one is refused with a ValueError. ``lr`` and
-    ``lr_1d`` may be 1-element tensors, read as floats once per step.
+    sets ``lr`` keeps the constructor's ``lr_1d``, as its ratio to the group's own lr). ``is_approx``, ``backend``,
+    ``process_group`` and ``ns_cuda_graph`` hold for the whole optimizer: a group that sets one is refused with a
+    ValueError. ``lr`` and ``lr_1d`` may be 1-element tensors, read as floats once per step (``lr_1d`` once, when the
+    group is created).
 
     Args:
         params: parameters or parameter groups.
@@ -509,7 +559,8 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
         is_approx: approximate scheme (True) or exact scheme (False), see above.
         mars_type: ``"mars-adamw"``, ``"mars-lion"`` or ``"mars-shampoo"``.
         optimize_1d: also apply the MARS rule to tensors that are not 2-D.
-        lr_1d, betas_1d, weight_decay_1d: AdamW settings of tensors that are not 2-D.
+        lr_1d, betas_1d, weight_decay_1d: AdamW settings of tensors that are not 2-D; ``lr_1d`` is the 1-D rate at
+            the group's lr when it is created, kept as ``group["lr_1d_ratio"]`` (see above).
         backend: ``"reference"`` (per-tensor loop of :mod:`mars.reference`), ``"torch"`` (foreach ops),
             ``"triton"`` (fused kernels; CUDA, or CPU under ``TRITON_INTERPRET=1``) or ``"auto"``
             (triton for CUDA tensors when it is installed, torch otherwise); float64 parameters, which the Triton
@@ -533,7 +584,7 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
     RULES = ("backend_mars", "shampoo_2d", "adamw")
     CORRECTED_RULES = ("backend_mars", "shampoo_2d")
     LEARNING_RATES = ("lr", "lr_1d")
-    SAVED_AS_RATIO = {"lr_1d": "lr_1d_ratio"}
+    FOLLOWING_LRS = ("lr_1d",)
 
     def __init__(
         self,
@@ -618,7 +669,7 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
                 params, [p.grad for p in params],
                 state_buffers(params, states, "exp_avg"), state_buffers(params, states, "exp_avg_sq"),
                 state_buffers(params, states, "max_exp_avg_sq", needed=amsgrad),
-                steps=advance_steps(states), lr=as_float(group["lr_1d"]), beta1=beta1_1d,
+                steps=advance_steps(states), lr=following_rate(group, "lr_1d"), beta1=beta1_1d,
                 beta2=beta2_1d, eps=group["eps"], weight_decay=group["weight_decay_1d"], amsgrad=amsgrad,
             )
 

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from configs.schema import lr_decay_end
 from data.authors_draws import AuthorsDraws
+from mars.optimizer import ratio_key
 from training.checkpoint import CheckpointReadError, latest_checkpoint, set_aside_checkpoints_after
 from training.distributed import DistributedContext, all_gather_objects
 from training.optimizers import local_optimizer
@@ -98,7 +99,10 @@ def restore_hyperparameters(optimizer: torch.optim.Optimizer, fresh: list[dict])
     counter, a schedule-free average's weight) is its state and keeps the checkpoint's value. What only the
     checkpoint's groups carry (the schedule's ``peak_lr``) goes.
     """
-    configured = constructor_arguments(type(local_optimizer(optimizer)))
+    optimizer_class = type(local_optimizer(optimizer))
+    # A second learning rate is kept as its ratio to lr (mars.optimizer.ratio_key): configured, as the rate.
+    configured = constructor_arguments(optimizer_class) | {
+        ratio_key(name) for name in getattr(optimizer_class, "FOLLOWING_LRS", ())}
     for group, built in zip(optimizer.param_groups, fresh, strict=True):
         kept = {key: group[key] for key in built if key not in configured and key in group}
         params = group["params"]

@@ -3,6 +3,7 @@ import logging
 import math
 
 from configs.schema import LrSchedule
+from mars.optimizer import ratio_key
 from training.registry import optimizer_entry
 
 log = logging.getLogger(__name__)
@@ -72,10 +73,11 @@ def set_learning_rate(optimizer, lr: float, peak_lr: float) -> None:
 
 def set_part_lr(optimizer, key: str, ratio: float) -> None:
     """Set the learning rate ``key`` of a part of ``optimizer`` (MARS's ``lr_1d``, Muon's ``adamw_lr``) to ``ratio``
-    times each param group's lr, so that a group that starts with its own lr keeps its parts in proportion."""
+    times each param group's lr: the group's ratio (``mars.optimizer.ratio_key``), which the optimizer multiplies
+    by the group's lr at its step, so that a group that starts with its own lr keeps its parts in proportion.
+    Set in every group, ZeroRedundancyOptimizer's too (its step copies it into its shard's groups)."""
     for group in optimizer.param_groups:
-        if key in group:
-            group[key] = group["lr"] * ratio
+        group[ratio_key(key)] = ratio
 
 
 def apply_schedule(optimizer, step: int, schedule: dict, optimizer_cfg) -> float:

@@ -98,7 +98,7 @@ def test_tensors_that_are_not_2d_take_torch_adamw_at_the_adamw_lr():
     param = torch.nn.Parameter(torch.tensor([0.5, -1.0, 2.0]))
     grad = torch.tensor([0.3, -0.02, 0.001])
     optimizer = Muon([param], lr=0.02, adamw_lr=0.004, adamw_weight_decay=0.1, adamw_eps=1e-8, adamw_variant="torch")
-    optimizer.param_groups[0]["adamw_lr"] = 0.002  # a schedule sets it beside lr
+    optimizer.param_groups[0]["lr"] = 0.01  # a schedule halves lr: adamw_lr follows, to 0.002
     param.grad = grad
     p0 = param.detach().double().clone()
     optimizer.step()
@@ -157,7 +157,7 @@ def test_tensors_that_are_not_2d_take_the_authors_adamw_by_default():
     param = torch.nn.Parameter(torch.tensor([0.5, -1.0, 2.0]))
     grad = torch.tensor([0.3, -0.02, 1e-8])
     optimizer = Muon([param], lr=0.02, adamw_lr=0.004, adamw_weight_decay=0.1, adamw_eps=1e-8)
-    optimizer.param_groups[0]["adamw_lr"] = 0.002  # a schedule sets it beside lr
+    optimizer.param_groups[0]["lr"] = 0.01  # a schedule halves lr: adamw_lr follows, to 0.002
     param.grad = grad
     p0, g = param.detach().double().clone(), grad.double()
     optimizer.step()

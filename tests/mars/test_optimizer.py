@@ -72,7 +72,7 @@ def expected_params(params, steps, *, mars_type, is_approx, amsgrad, optimize_1d
                 beta1_1d, beta2_1d = KWARGS["betas_1d"]
                 reference.adamw_step(
                     param, grad, s["exp_avg"], s["exp_avg_sq"], s["max_exp_avg_sq"], step=s["step"],
-                    lr=KWARGS["lr_1d"], beta1=beta1_1d, beta2=beta2_1d, eps=KWARGS["eps"],
+                    lr=lr * (KWARGS["lr_1d"] / KWARGS["lr"]), beta1=beta1_1d, beta2=beta2_1d, eps=KWARGS["eps"],
                     weight_decay=KWARGS["weight_decay_1d"], amsgrad=amsgrad,
                 )
         for s in state:
@@ -87,8 +87,8 @@ def set_grads(params, grads):
 
 
 def run_mars(params, steps, **options):
-    """Run MARS through ``steps`` with a LambdaLR schedule, which sets lr (lr_1d stays); an empty param group rides
-    along."""
+    """Run MARS through ``steps`` with a LambdaLR schedule, which sets lr (lr_1d follows at its ratio to lr); an empty
+    param group rides along."""
     params = [torch.nn.Parameter(p.clone()) for p in params]
     optimizer = MARS([{"params": params}, {"params": []}], **KWARGS, **options)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_at(i + 1) / KWARGS["lr"])
@@ -391,14 +391,14 @@ def test_params_without_grad_are_skipped_and_keep_their_step_count():
     torch.testing.assert_close(params[1].detach(), frozen, rtol=0, atol=0)
 
 
-def test_one_dim_params_take_adamw_with_lr_1d_and_weight_decay_1d_not_the_group_lr_and_weight_decay():
-    # Step 1 of AdamW is p - lr_1d * (g / (|g| + eps) + weight_decay_1d * p).
+def test_one_dim_params_take_adamw_with_weight_decay_1d_at_lr_1d_scaled_as_the_group_lr():
+    # Step 1 of AdamW is p - lr_1d * (g / (|g| + eps) + weight_decay_1d * p), lr_1d following the group's lr.
     param = torch.nn.Parameter(torch.tensor([0.5, -1.0, 2.0]))
     grad = torch.tensor([0.3, -0.02, 0.001])
     optimizer = MARS([param], lr=0.01, lr_1d=0.001, weight_decay=0.5, weight_decay_1d=0.1, eps=1e-8)
-    optimizer.param_groups[0]["lr"] = 0.005  # the group's lr is the 2-D tensors' only
+    optimizer.param_groups[0]["lr"] = 0.005  # a schedule halves lr: lr_1d follows, to 0.0005
     param.grad = grad
-    expected = param.detach().double() - 0.001 * (grad.double() / (grad.double().abs() + 1e-8)
+    expected = param.detach().double() - 0.0005 * (grad.double() / (grad.double().abs() + 1e-8)
                                                   + 0.1 * param.detach().double())
     optimizer.step()
     torch.testing.assert_close(param.detach().double(), expected, rtol=1e-6, atol=1e-8)

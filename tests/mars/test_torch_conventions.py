@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.optim import lr_scheduler
 
 import mars
 from mars import MARS, MarsM, Muon, available_backends
@@ -136,20 +137,24 @@ def test_a_state_dict_loaded_into_a_fresh_optimizer_is_returned_unchanged_and_st
     assert_same_state_dict(fresh.state_dict(), optimizer.state_dict())
 
 
-SAVED_BY_7554A9E = Path(__file__).with_name("state_dicts_7554a9e.pt")
+# State dicts saved by earlier versions (tests/mars/saved_state_dicts.py says how): 7554a9e kept MARS's lr_1d and
+# Muon's adamw_lr as a ratio to lr, as this version does; 07c07da kept them as rates of their own.
+SAVED_BY = {version: Path(__file__).with_name(f"state_dicts_{version}.pt") for version in ("7554a9e", "07c07da")}
 
 
+@pytest.mark.parametrize("version", SAVED_BY)
 @pytest.mark.parametrize("case", saved_state_dicts.CASES)
-def test_a_state_dict_saved_by_an_earlier_version_loads_and_steps_as_that_version_did(case):
-    saved = torch.load(SAVED_BY_7554A9E, weights_only=True)[case]
+def test_a_state_dict_saved_by_an_earlier_version_loads_and_steps_as_that_version_did(case, version):
+    saved = torch.load(SAVED_BY[version], weights_only=True)[case]
     params = [torch.nn.Parameter(param) for param in saved["params"]]
     optimizer = saved_state_dicts.new_optimizer(case, params)
     optimizer.load_state_dict(copy.deepcopy(saved["state_dict"]))
-    # That version kept MARS's lr_1d and Muon's adamw_lr as a ratio to lr: they come back as the lr it stepped with.
+    # A saved rate comes back as its ratio to the group's lr: the rate it stepped with, at that lr.
     expected = copy.deepcopy(saved["state_dict"])
     for group in expected["param_groups"]:
-        for name in learning_rates(type(optimizer))[1:]:
-            group[name] = group["lr"] * group.pop(f"{name}_ratio")
+        for name in type(optimizer).FOLLOWING_LRS:
+            if name in group:
+                group[f"{name}_ratio"] = group.pop(name) / group["lr"]
     assert_same_state_dict(optimizer.state_dict(), expected)
     saved_state_dicts.step(optimizer, params, saved_state_dicts.SAVED_AFTER)
     for param, expected in zip(params, saved["stepped"]):
@@ -489,3 +494,147 @@ def test_every_constructor_argument_works_per_param_group_or_is_refused_there(cl
     by_constructor = trajectory(cls, list, **options)
     assert_same_params(by_group, by_constructor)
     assert any(not torch.equal(a, b) for a, b in zip(by_constructor, trajectory(cls, list)))
+
+
+# torch's LR schedulers as a user attaches them, each moving lr through several values (0 among them for LambdaLR).
+SCHEDULERS = {
+    "LambdaLR": lambda optimizer: lr_scheduler.LambdaLR(optimizer, lambda step: (1.0, 0.5, 0.25, 0.0)[min(step, 3)]),
+    "MultiplicativeLR": lambda optimizer: lr_scheduler.MultiplicativeLR(optimizer, lambda step: 0.5),
+    "StepLR": lambda optimizer: lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.1),
+    "CosineAnnealingLR": lambda optimizer: lr_scheduler.CosineAnnealingLR(optimizer, T_max=4),
+    "OneCycleLR": lambda optimizer: lr_scheduler.OneCycleLR(
+        optimizer, max_lr=[2 * group["lr"] for group in optimizer.param_groups], total_steps=8),
+    "LinearLR-warmup-in-SequentialLR": lambda optimizer: lr_scheduler.SequentialLR(
+        optimizer, [lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=2),
+                    lr_scheduler.CosineAnnealingLR(optimizer, T_max=3)], milestones=[2]),
+    "ReduceLROnPlateau": lambda optimizer: lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0),
+}
+SCHEDULED_STEPS = 6
+
+
+def step_scheduler(scheduler):
+    # ReduceLROnPlateau takes the metric: a loss that never improves halves lr every step.
+    if isinstance(scheduler, lr_scheduler.ReduceLROnPlateau):
+        scheduler.step(1.0)
+    else:
+        scheduler.step()
+
+
+def updates(optimizer, params):
+    """Each parameter's update by one ``optimizer.step()``: before minus after."""
+    before = [param.detach().clone() for param in params]
+    optimizer.step()
+    return [old - param.detach() for old, param in zip(before, params)]
+
+
+@pytest.mark.parametrize("scheduler_name", SCHEDULERS)
+@pytest.mark.parametrize("cls, options", OPTIMIZERS)
+def test_every_learning_rate_of_a_group_follows_torchs_schedulers_in_proportion(cls, options, scheduler_name):
+    # Each step's update of every tensor (the 1-D ones through MARS's lr_1d, Muon's adamw_lr) is the update the same
+    # state would take at the group's first lr, times the scheduler's factor: 0 at factor 0. float64, so that the
+    # updates are read to 1e-9 (every rule is linear in its learning rate). Fails on 07c07da: lr_1d stayed.
+    params = new_params(torch.float64)
+    optimizer = cls(params, **options)
+    first_lr = optimizer.param_groups[0]["lr"]
+    scheduler = SCHEDULERS[scheduler_name](optimizer)
+    factors = []
+    for step in range(SCHEDULED_STEPS):
+        at_first_lr_params, at_first_lr = copy.deepcopy((params, optimizer))  # (a deep copy leaves out .grad)
+        at_first_lr.param_groups[0]["lr"] = first_lr
+        for param, copied, grad in zip(params, at_first_lr_params, gradients(params, step)):
+            param.grad, copied.grad = grad, grad.clone()
+        expected = updates(at_first_lr, at_first_lr_params)
+        factor = optimizer.param_groups[0]["lr"] / first_lr
+        for update, unscaled in zip(updates(optimizer, params), expected):
+            assert unscaled.abs().max() > 0
+            if factor == 0.0:
+                assert torch.equal(update, torch.zeros_like(update))
+            else:
+                # atol: an update is read as the difference of two float64 parameters near 1, to their ulp.
+                torch.testing.assert_close(update, factor * unscaled, rtol=1e-9, atol=1e-15)
+        factors.append(factor)
+        optimizer.zero_grad()
+        step_scheduler(scheduler)
+    assert len(set(factors)) > 2, factors  # the schedule moved lr
+
+
+@pytest.mark.parametrize("tensor_lr", [False, True], ids=["float-lr", "tensor-lr"])
+@pytest.mark.parametrize("cls, options", OPTIMIZERS)
+def test_lr_zero_freezes_every_tensor_of_the_group(cls, options, tensor_lr):
+    # As timm's test_optimizer_zero_lr: a warmup from 0 or a cooldown to 0 leaves every parameter as it is.
+    lr = torch.tensor(1e-2) if tensor_lr else 1e-2
+    params = new_params()
+    optimizer = cls(params, **options, lr=lr)
+    run_steps(optimizer, params, range(3))
+    if tensor_lr:
+        lr.fill_(0.0)
+    else:
+        optimizer.param_groups[0]["lr"] = 0.0
+    before = [param.detach().clone() for param in params]
+    run_steps(optimizer, params, range(3, 6))
+    assert_same_params(params, before)
+
+
+@pytest.mark.parametrize("cls, options", OPTIMIZERS)
+def test_a_group_added_with_its_own_lr_takes_the_constructors_other_learning_rates(cls, options):
+    # The rule of a group given at construction holds for add_param_group too: a tiny constructor lr has no bearing
+    # on the other learning rates of a group with its own lr.
+    params, expected_params = new_params(), new_params()
+    optimizer = cls([torch.nn.Parameter(torch.zeros(2))], **options, lr=1e-28)
+    optimizer.add_param_group({"params": params, "lr": 1e-3})
+    run_steps(optimizer, params, range(STEPS))
+    run_steps(cls(expected_params, **options, lr=1e-3), expected_params, range(STEPS))
+    assert all(torch.isfinite(param).all() for param in params)
+    assert_same_params(params, expected_params)
+
+
+@pytest.mark.parametrize("cls, options", [case for case in OPTIMIZERS if case.values[0].FOLLOWING_LRS])
+def test_a_groups_ratio_to_lr_is_saved_and_loaded_with_it(cls, options):
+    # A group's own second learning rate, kept as its ratio to the group's lr, comes back with its state dict into an
+    # optimizer built with other rates, and the next steps are the original's.
+    name = cls.FOLLOWING_LRS[0]
+    params = new_params()
+    optimizer = cls([{"params": params, "lr": 4e-3, name: 1e-3}], **options)
+    scheduler = lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    run_steps(optimizer, params, range(2))
+    scheduler.step()
+    assert optimizer.state_dict()["param_groups"][0][f"{name}_ratio"] == 1e-3 / 4e-3
+    fresh_params = clone_params(params)
+    fresh = cls(fresh_params, **options, lr=1.0, **{name: 0.5})
+    fresh.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    run_steps(optimizer, params, range(2, STEPS))
+    run_steps(fresh, fresh_params, range(2, STEPS))
+    assert_same_params(fresh_params, params)
+
+
+@pytest.mark.parametrize("cls", optimizers_of_mars())
+def test_a_bad_learning_rate_is_named_before_params_is_read(cls):
+    # As torch's Adam: TestOptimRenewed passes params=None beside a 2-element tensor lr.
+    with pytest.raises(ValueError, match="^Tensor lr must be 1-element"):
+        cls(None, lr=torch.tensor([1e-3, 1e-3]))
+
+
+@pytest.mark.parametrize("cls, options", [case for case in OPTIMIZERS if case.values[0].FOLLOWING_LRS])
+def test_a_group_created_at_lr_zero_with_a_second_rate_is_refused_naming_both(cls, options):
+    name = cls.FOLLOWING_LRS[0]
+    with pytest.raises(ValueError, match=f"^{name}=0.001 with lr=0: {name} follows the group's lr as the ratio"):
+        cls(new_params(), **options, lr=0.0, **{name: 1e-3})
+    frozen = cls(new_params(), **options, lr=0.0, **{name: 0.0})  # nothing to follow: both rates stay 0
+    params = frozen.param_groups[0]["params"]
+    before = [param.detach().clone() for param in params]
+    run_steps(frozen, params, range(2))
+    assert_same_params(params, before)
+
+
+@pytest.mark.parametrize("cls, options", OPTIMIZERS)
+def test_a_first_step_on_zero_gradients_moves_nothing_without_weight_decay(cls, options):
+    # As torch's test_step_is_noop_for_zero_grads. With weight decay (MarsM's default 0.1, the authors' wd) a zero-gradient step shrinks the weights, as torch's
+    # AdamW does: docs/optimizers.md.
+    no_decay = {name: 0.0 for name in inspect.signature(cls.__init__).parameters if "weight_decay" in name}
+    params = new_params()
+    optimizer = cls(params, **options, **no_decay)
+    before = [param.detach().clone() for param in params]
+    for param in params:
+        param.grad = torch.zeros_like(param)
+    optimizer.step()
+    assert_same_params(params, before)

@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from configs.schema import register_configs
 from model import GPT, GPTConfig
 from training.distributed import DistributedContext
+from training.optimizers import build_optimizer
 from training.registry import param_groups
 from training.resume import resume_from
 from training.runtime import rng_state
@@ -63,3 +64,24 @@ def test_a_counter_kept_in_the_param_groups_survives_a_resume_that_changes_a_con
     assert [group["steps_taken"] for group in optimizer.param_groups] == [3, 3]
     assert [group["weight_decay"] for group in optimizer.param_groups] == [0.2, 0.0]
     assert changes["optimizer.weight_decay"] == (0.1, 0.2)
+
+
+def test_a_resume_that_changes_lr_1d_steps_at_the_configured_ratio_not_the_checkpoints():
+    # MARS keeps lr_1d as the group's ratio to lr (lr_1d_ratio): a configured setting, as lr_1d itself.
+    def mars(lr_1d):
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+            cfg = compose(config_name="config", overrides=["optimizer=mars-adamw", f"optimizer.lr_1d={lr_1d}",
+                                                           "model.n_layer=1", "model.n_head=2", "model.n_embd=16",
+                                                           "model.vocab_size=64", "model.block_size=8"])
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(**OmegaConf.to_container(cfg.model)))
+        return cfg, model, build_optimizer(cfg.optimizer, model)
+
+    saved_cfg, model, optimizer = mars(3e-3)
+    checkpoint = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 3, "tokens": 0,
+                  "rng": [rng_state()], "config": OmegaConf.to_container(saved_cfg, resolve=True, enum_to_str=True)}
+    cfg, model, optimizer = mars(1e-3)
+    changes = resume_from(checkpoint, Path("ckpt_00000003.pt"), OmegaConf.to_container(cfg, resolve=True),
+                          model, optimizer, DistributedContext())
+    assert changes["optimizer.lr_1d"] == (3e-3, 1e-3)
+    assert [group["lr_1d_ratio"] for group in optimizer.param_groups] == [1e-3 / cfg.optimizer.lr] * 2

@@ -7,6 +7,7 @@ from omegaconf import OmegaConf
 
 from configs.schema import LrSchedule
 from mars import MARS, Muon
+from mars.optimizer import following_rate
 from training.schedule import apply_schedule, learning_rate, schedule_shortfalls, set_learning_rate
 from tests import warm_python
 
@@ -58,7 +59,7 @@ def test_muon_adamw_part_warms_up_in_proportion_then_decays_to_the_same_min_lr_a
     def lrs(step):
         lr = apply_schedule(muon, step, schedule, cfg)
         group = muon.param_groups[0]
-        return lr, group["lr"], group["adamw_lr"]
+        return lr, group["lr"], following_rate(group, "adamw_lr")
 
     assert lrs(5) == pytest.approx((1e-2, 1e-2, 1.5e-3))
     coeff = 0.5  # step 60: half-way through the cosine
@@ -74,7 +75,7 @@ def test_mars_lr_1d_follows_the_scheduled_lr_at_its_configured_ratio_as_the_auth
 
     def lrs(step):
         lr = apply_schedule(mars, step, schedule, cfg)
-        return lr, mars.param_groups[0]["lr_1d"]
+        return lr, following_rate(mars.param_groups[0], "lr_1d")
 
     assert lrs(0) == (0.0, 0.0)
     assert lrs(5) == pytest.approx((3e-3, 1.5e-3))
