@@ -1,8 +1,9 @@
 """State dicts that an earlier version of mars saved, for the test that later versions load them and step on.
 
-``state_dicts_7554a9e.pt`` was written by mars as of commit 7554a9e, from a checkout of it::
+``state_dicts_<commit>.pt`` was written by mars as of that commit (7554a9e, which kept MARS's lr_1d and Muon's
+adamw_lr as a ratio to lr; 07c07da, which kept them as rates), from a checkout of it::
 
-    PYTHONPATH=<checkout of 7554a9e> python tests/mars/saved_state_dicts.py tests/mars/state_dicts_7554a9e.pt
+    PYTHONPATH=<checkout of the commit> python tests/mars/saved_state_dicts.py tests/mars/state_dicts_<commit>.pt
 
 For each case: the parameters after two steps, the optimizer's state dict then, and the parameters that version's
 third step gave (the gradients are a seeded function of the step, :func:`gradients`).
