@@ -3,9 +3,12 @@
 torchrun restarts a failed worker group while ``--max-restarts`` remain, whatever the exit status: it has no status
 for "a restart cannot fix this". What every node's agent does read before a restart is the c10d rendezvous, and a
 closed one ends it (``RendezvousClosedError``) instead of restarting: so a worker that meets such a fault closes it.
+Where the rendezvous's store does not answer (the first node, which holds it, frozen), the agent waits on that store
+for good, and the worker ends it (:func:`end_torchrun_agent`).
 """
 import logging
 import os
+import signal
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -32,25 +35,47 @@ def torchrun_command() -> list[str] | None:
     return [os.fsdecode(arg) for arg in agent.read_bytes().split(b"\0") if arg]
 
 
-def close_rendezvous() -> None:
+def close_rendezvous() -> bool:
     """Close this job's c10d rendezvous, so that no node's agent restarts its workers: each ends as soon as its
     own fail. Nothing to close outside torchrun, under ``--standalone`` (its endpoint is known to the agent only)
     or another rendezvous backend: there torchrun restarts as before. A rendezvous that is not closed within
     ``CLOSE_TIMEOUT_S`` is left as it is, with a warning (a frozen node holding its store answers nothing, and
-    torch's store client may wait for it for good: the closing runs in a thread of its own, left behind)."""
+    torch's store client waits for it for good, whatever its timeout: the closing runs in a thread of its own, left
+    behind).
+
+    Returns whether the rendezvous's store answered (False: it did not within ``CLOSE_TIMEOUT_S``, and this node's
+    agent, which polls the same store, is waiting on it for good: :func:`end_torchrun_agent`)."""
     agent_args = torchrun_arguments()
     if agent_args is None or agent_args.standalone or agent_args.rdzv_backend != "c10d":
-        return
+        return True
     host, port = parse_rendezvous_endpoint(agent_args.rdzv_endpoint, C10D_DEFAULT_PORT)
     problems = []
     closing = threading.Thread(target=close_c10d_rendezvous, daemon=True,
                                args=(host, port, agent_args.nnodes, problems))
     closing.start()
     closing.join(CLOSE_TIMEOUT_S)
-    if closing.is_alive() or problems:
-        problem = problems[0] if problems else f"no answer within {CLOSE_TIMEOUT_S:g}s"
+    if closing.is_alive():
+        log.warning("torchrun's rendezvous at %s:%d did not answer within %gs (the node holding it is frozen?): this "
+                    "node's torchrun, which would wait on it for good, ends with this worker", host, port,
+                    CLOSE_TIMEOUT_S)
+        return False
+    if problems:
         log.warning("could not close torchrun's rendezvous at %s:%d (%s): torchrun may restart the workers",
-                    host, port, problem)
+                    host, port, problems[0])
+    return True
+
+
+def end_torchrun_agent() -> None:
+    """SIGKILL the torchrun agent that started this worker (its parent), if that is what the parent still is.
+
+    For an agent whose rendezvous's store does not answer: its main thread then waits in torch's store client, in a
+    receive without a timeout, where Python runs no signal handler, so the SIGTERM that torchrun handles (stopping
+    its workers, then exiting) would stay pending for good. The node's other workers, if any, are left to end on
+    their own (their group is as stuck as this one's)."""
+    agent = os.getppid()
+    # Its command line is read from /proc/<parent>: a parent that is the same process after the reading is torchrun.
+    if torchrun_arguments() is not None and os.getppid() == agent:
+        os.kill(agent, signal.SIGKILL)
 
 
 def close_c10d_rendezvous(host: str, port: int, nnodes: str, problems: list[str]) -> None:
