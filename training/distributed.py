@@ -5,7 +5,6 @@ import json
 import logging
 import os
 import re
-import sys
 import time
 import traceback
 import uuid
@@ -25,7 +24,7 @@ import torch.distributed as dist
 import torch.distributed.nn  # noqa: F401
 from torch.nn.parallel import DistributedDataParallel
 
-from training.elastic import close_rendezvous, end_torchrun_agent
+from training.elastic import close_rendezvous, end_torchrun_agent_after_exit
 
 log = logging.getLogger(__name__)
 # How long a rank waits for the others: to join the group, then in every collective. A frozen or lost node ends the
@@ -79,8 +78,8 @@ def stop_with_message(message: str, every_rank_meets_it: bool, restartable: bool
     is told by that rank. Unless ``restartable``, the fault ends the job on every node, whatever torchrun's
     ``--max-restarts``: a restart would meet it again (:func:`training.elastic.close_rendezvous`); where the
     rendezvous's store does not answer (the first node frozen), this node's torchrun, which would wait on it for
-    good, is ended (:func:`training.elastic.end_torchrun_agent`). The launch script prints the message last
-    (scripts/reason_last.sh).
+    good, is ended once its ranks have exited (:func:`training.elastic.end_torchrun_agent_after_exit`). The launch
+    script prints the message last (scripts/reason_last.sh).
     """
     if every_rank_meets_it and not tells_faults_of_every_rank():
         time.sleep(QUIET_RANK_EXIT_DELAY_S if under_torchrun_agent() else QUIET_RANK_EXIT_DELAY_WITHOUT_AGENT_S)
@@ -88,10 +87,7 @@ def stop_with_message(message: str, every_rank_meets_it: bool, restartable: bool
     if launched_by_torchrun():
         write_for_launchers(message, restartable)
         if not restartable and not close_rendezvous():
-            # This node's torchrun waits on the rendezvous's frozen store for good: it ends once the message is out.
-            print(message, file=sys.stderr, flush=True)
-            end_torchrun_agent()
-            raise SystemExit(1)
+            end_torchrun_agent_after_exit()  # it waits on the rendezvous's frozen store for good
     raise SystemExit(message)
 
 

@@ -4,11 +4,12 @@ torchrun restarts a failed worker group while ``--max-restarts`` remain, whateve
 for "a restart cannot fix this". What every node's agent does read before a restart is the c10d rendezvous, and a
 closed one ends it (``RendezvousClosedError``) instead of restarting: so a worker that meets such a fault closes it.
 Where the rendezvous's store does not answer (the first node, which holds it, frozen), the agent waits on that store
-for good, and the worker ends it (:func:`end_torchrun_agent`).
+for good, and the worker has it ended once its workers have exited (:func:`end_torchrun_agent_after_exit`).
 """
 import logging
 import os
-import signal
+import subprocess
+import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -24,6 +25,9 @@ log = logging.getLogger(__name__)
 # How long closing may take: the rendezvous's store is on the first node, which may be the one that is gone.
 CLOSE_TIMEOUT_S = 10.0
 C10D_DEFAULT_PORT = 29400  # torchrun's, for an endpoint without a port
+# How long the workers of an agent that is to be ended may take to exit (their own line, their interpreter's shutdown,
+# wandb's closing upload): one still there after this is hung as it exits, and is ended too.
+WORKER_EXIT_BOUND_S = 30.0
 
 
 def torchrun_command() -> list[str] | None:
@@ -44,7 +48,7 @@ def close_rendezvous() -> bool:
     behind).
 
     Returns whether the rendezvous's store answered (False: it did not within ``CLOSE_TIMEOUT_S``, and this node's
-    agent, which polls the same store, is waiting on it for good: :func:`end_torchrun_agent`)."""
+    agent, which polls the same store, is waiting on it for good: :func:`end_torchrun_agent_after_exit`)."""
     agent_args = torchrun_arguments()
     if agent_args is None or agent_args.standalone or agent_args.rdzv_backend != "c10d":
         return True
@@ -56,8 +60,8 @@ def close_rendezvous() -> bool:
     closing.join(CLOSE_TIMEOUT_S)
     if closing.is_alive():
         log.warning("torchrun's rendezvous at %s:%d did not answer within %gs (the node holding it is frozen?): this "
-                    "node's torchrun, which would wait on it for good, ends with this worker", host, port,
-                    CLOSE_TIMEOUT_S)
+                    "node's torchrun, which would wait on it for good, is ended once its workers have exited",
+                    host, port, CLOSE_TIMEOUT_S)
         return False
     if problems:
         log.warning("could not close torchrun's rendezvous at %s:%d (%s): torchrun may restart the workers",
@@ -65,17 +69,19 @@ def close_rendezvous() -> bool:
     return True
 
 
-def end_torchrun_agent() -> None:
-    """SIGKILL the torchrun agent that started this worker (its parent), if that is what the parent still is.
+def end_torchrun_agent_after_exit() -> None:
+    """Have the torchrun agent that started this worker (its parent) SIGKILLed once its workers, this one among them,
+    have exited, by a process of its own (training/end_agent_after_worker.py); nothing outside torchrun.
 
     For an agent whose rendezvous's store does not answer: its main thread then waits in torch's store client, in a
     receive without a timeout, where Python runs no signal handler, so the SIGTERM that torchrun handles (stopping
-    its workers, then exiting) would stay pending for good. The node's other workers, if any, are left to end on
-    their own (their group is as stuck as this one's)."""
+    its workers, then exiting) would stay pending for good."""
     agent = os.getppid()
     # Its command line is read from /proc/<parent>: a parent that is the same process after the reading is torchrun.
-    if torchrun_arguments() is not None and os.getppid() == agent:
-        os.kill(agent, signal.SIGKILL)
+    if torchrun_arguments() is None or os.getppid() != agent:
+        return
+    subprocess.Popen([sys.executable, "-I", str(Path(__file__).with_name("end_agent_after_worker.py")), str(agent),
+                      f"{WORKER_EXIT_BOUND_S:g}"], stdin=subprocess.DEVNULL)
 
 
 def close_c10d_rendezvous(host: str, port: int, nnodes: str, problems: list[str]) -> None:

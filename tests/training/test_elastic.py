@@ -71,6 +71,15 @@ def children(pid: int) -> list[int]:
         return []
 
 
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has, its parent not having read its status)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"  # the state follows the command's name, in parentheses
+
+
 def workers(agent: subprocess.Popen) -> list[int]:
     return children(agent.pid)
 

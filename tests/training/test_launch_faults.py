@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.source_copy import copy_source_tree
-from tests.training.test_elastic import (REPO, SMALL, free_port, logs, signal_process_groups, start_node, stop_all,
-                                         torchrun_node, wait_for, workers)
+from tests.training.test_elastic import (REPO, SMALL, free_port, logs, process_tree, running, signal_process_groups,
+                                         start_node, stop_all, torchrun_node, wait_for, workers)
 
 TIMEOUT_S = 10  # train.distributed_timeout_s of these runs
 WAIT_S = 120
@@ -83,12 +83,15 @@ def test_a_frozen_first_node_ends_the_other_within_the_distributed_timeout_and_a
     with two_nodes(tmp_path, f"hydra.run.dir={run_dir}", "train.max_iters=1000", "train.checkpoint_interval=2",
                    f"train.distributed_timeout_s={TIMEOUT_S}", through_reason_last=True) as nodes:
         wait_for(lambda: (run_dir / "checkpoints" / "ckpt_00000002.pt").exists(), WAIT_S, "the step-2 checkpoint")
+        node_1 = process_tree(nodes[1].pid)  # its launch script, torchrun and worker
         signal_process_groups(nodes[0], signal.SIGSTOP)
         try:
             status = nodes[1].wait(timeout=TIMEOUT_S + 60)
         except subprocess.TimeoutExpired:
             status = None
+        left_running = [pid for pid in node_1 if running(pid)]  # before node 0 goes: nothing more to print
     assert status not in (None, 0), logs(tmp_path)
+    assert not left_running, logs(tmp_path)
     reason = told_once_and_last((tmp_path / "node1.log").read_text().splitlines(), "error: rank ")
     assert "stopped answering" in reason[0] and f"train.distributed_timeout_s={TIMEOUT_S} " in reason[0], reason
 
