@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.distributed.nn  # noqa: F401
 from torch.nn.parallel import DistributedDataParallel
 
-from training.elastic import close_rendezvous
+from training.elastic import close_rendezvous, end_torchrun_agent_after_exit
 
 log = logging.getLogger(__name__)
 # How long a rank waits for the others: to join the group, then in every collective. A frozen or lost node ends the
@@ -76,16 +76,18 @@ def stop_with_message(message: str, every_rank_meets_it: bool, restartable: bool
     quietly until torchrun stops them once that rank has failed (or exit after ``QUIET_RANK_EXIT_DELAY_S``; without
     an agent, after ``QUIET_RANK_EXIT_DELAY_WITHOUT_AGENT_S``), so that its line is out first. A fault of one rank
     is told by that rank. Unless ``restartable``, the fault ends the job on every node, whatever torchrun's
-    ``--max-restarts``: a restart would meet it again (:func:`training.elastic.close_rendezvous`); the launch script
-    prints it last (scripts/reason_last.sh).
+    ``--max-restarts``: a restart would meet it again (:func:`training.elastic.close_rendezvous`); where the
+    rendezvous's store does not answer (the first node frozen), this node's torchrun, which would wait on it for
+    good, is ended once its ranks have exited (:func:`training.elastic.end_torchrun_agent_after_exit`). The launch
+    script prints the message last (scripts/reason_last.sh).
     """
     if every_rank_meets_it and not tells_faults_of_every_rank():
         time.sleep(QUIET_RANK_EXIT_DELAY_S if under_torchrun_agent() else QUIET_RANK_EXIT_DELAY_WITHOUT_AGENT_S)
         raise SystemExit(1)
     if launched_by_torchrun():
         write_for_launchers(message, restartable)
-        if not restartable:
-            close_rendezvous()
+        if not restartable and not close_rendezvous():
+            end_torchrun_agent_after_exit()  # it waits on the rendezvous's frozen store for good
     raise SystemExit(message)
 
 

@@ -43,20 +43,45 @@ def start_node(command: list[str], repo: Path, log: Path, cwd: Path | None = Non
 
 
 def stop_all(nodes: list[subprocess.Popen]) -> None:
-    """SIGKILL what is left of the nodes: their workers (each in a session of its own, as torchrun starts them),
-    then each agent's process group."""
+    """SIGKILL what is left of the nodes: the process group of each process a node started (torchrun starts each
+    worker in a session of its own), its workers' first."""
     for node in nodes:
-        for pid in [*workers(node), node.pid]:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        signal_process_groups(node, signal.SIGKILL)
         node.wait(timeout=30)
 
 
+def signal_process_groups(node: subprocess.Popen, signum: int) -> None:
+    """Send ``signum`` to every process group in ``node``'s process tree, its deepest processes' first."""
+    for pid in reversed(process_tree(node.pid)):
+        try:
+            os.killpg(os.getpgid(pid), signum)
+        except ProcessLookupError:
+            pass
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it, parents before their children."""
+    return [pid, *(descendant for child in children(pid) for descendant in process_tree(child))]
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:  # gone
+        return []
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has, its parent not having read its status)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"  # the state follows the command's name, in parentheses
+
+
 def workers(agent: subprocess.Popen) -> list[int]:
-    children = Path(f"/proc/{agent.pid}/task/{agent.pid}/children")
-    return [int(pid) for pid in children.read_text().split()] if children.exists() else []
+    return children(agent.pid)
 
 
 def losses(run_dir: Path) -> dict[int, float]:

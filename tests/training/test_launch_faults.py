@@ -1,10 +1,11 @@
 """Faults that a restart cannot fix, on two torchrun "nodes" on this machine (Gloo on the CPU, one c10d rendezvous,
-``--max-restarts=3`` as docs/multi-node.md launches them): a whole frozen node, a refused launch, and the line a
-collective's timeout ends in."""
+``--max-restarts=3`` as docs/multi-node.md launches them): a whole frozen node (the first one too), a refused launch,
+and the line a collective's timeout ends in."""
 import contextlib
 import os
 import signal
 import socket
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -12,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.source_copy import copy_source_tree
-from tests.training.test_elastic import (REPO, SMALL, free_port, logs, start_node, stop_all, torchrun_node,
-                                         wait_for, workers)
+from tests.training.test_elastic import (REPO, SMALL, free_port, logs, process_tree, running, signal_process_groups,
+                                         start_node, stop_all, torchrun_node, wait_for, workers)
 
 TIMEOUT_S = 10  # train.distributed_timeout_s of these runs
 WAIT_S = 120
@@ -70,6 +71,29 @@ def test_a_whole_frozen_node_ends_the_job_within_the_distributed_timeout_despite
         waited = freeze_node_1_after_a_checkpoint(nodes, run_dir, whole_node=True)
     assert nodes[0].returncode != 0, logs(tmp_path)
     assert TIMEOUT_S <= waited < 2 * TIMEOUT_S + 15, logs(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_frozen_first_node_ends_the_other_within_the_distributed_timeout_and_a_minute_telling_why_once_and_last(
+        tmp_path):
+    # Node 0's torchrun holds the rendezvous's store; it and its worker freeze (SIGSTOP of their process groups, as
+    # a hung NFS mount or driver leaves them). Node 1's worker gives up after train.distributed_timeout_s, and its
+    # torchrun, which polls node 0's store, would wait on it for good (for ever as far as seen, its worker a zombie).
+    run_dir = tmp_path / "frozen"
+    with two_nodes(tmp_path, f"hydra.run.dir={run_dir}", "train.max_iters=1000", "train.checkpoint_interval=2",
+                   f"train.distributed_timeout_s={TIMEOUT_S}", through_reason_last=True) as nodes:
+        wait_for(lambda: (run_dir / "checkpoints" / "ckpt_00000002.pt").exists(), WAIT_S, "the step-2 checkpoint")
+        node_1 = process_tree(nodes[1].pid)  # its launch script, torchrun and worker
+        signal_process_groups(nodes[0], signal.SIGSTOP)
+        try:
+            status = nodes[1].wait(timeout=TIMEOUT_S + 60)
+        except subprocess.TimeoutExpired:
+            status = None
+        left_running = [pid for pid in node_1 if running(pid)]  # before node 0 goes: nothing more to print
+    assert status not in (None, 0), logs(tmp_path)
+    assert not left_running, logs(tmp_path)
+    reason = told_once_and_last((tmp_path / "node1.log").read_text().splitlines(), "error: rank ")
+    assert "stopped answering" in reason[0] and f"train.distributed_timeout_s={TIMEOUT_S} " in reason[0], reason
 
 
 @pytest.mark.slow
