@@ -144,7 +144,8 @@ def check_authors_dir(authors_dir: Path, families: list[Family]) -> None:
                 raise SystemExit(f"--authors-dir {authors_dir} does not look like a checkout of AGI-Arena/MARS: "
                                  f"{relative} is missing")
     try:
-        check_patches([patch.for_runner(authors_dir) for family in families for patch in patches_for(family)])
+        for family in families:  # each runs its trainer with its own patches (families share trainer files)
+            check_patches([patch.for_runner(authors_dir) for patch in patches_for(family)])
     except PatchError as err:
         raise SystemExit(str(err)) from None
 

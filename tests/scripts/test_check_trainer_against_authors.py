@@ -105,6 +105,19 @@ def test_a_checkout_where_a_patch_no_longer_applies_is_refused_before_anything_r
     assert not (tmp_path / "work").exists() and not (tmp_path / "results").exists()
 
 
+def test_families_that_share_a_trainer_file_are_each_checked_against_its_text_as_they_run(tmp_path):
+    # Every MARS family patches MARS/train_mars.py, each in its own run: checked together, the second family's patch
+    # met the text the first had already patched, and a full run refused their own checkout.
+    sharing = [family for family in check.FAMILIES if family.trainer == FAMILY.trainer]
+    assert len(sharing) > 1
+    authors = stand_in_checkout(tmp_path / "authors")
+    for family in sharing:
+        for needed in family.needs:
+            if not (authors / needed).exists():
+                (authors / needed).write_text("wandb_log = True\n")
+    check.check_authors_dir(authors, sharing)
+
+
 def test_their_iteration_k_is_our_step_k_plus_one_and_their_evaluations_are_ours():
     theirs = check.their_curves([
         {"step": 0, "train/loss": 5.0, "val/loss": 6.0}, {"step": 0, "train/loss": 7.0, "lr": 0.0},
