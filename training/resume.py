@@ -11,7 +11,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from configs.schema import lr_decay_end
+from configs.schema import LrSchedule, lr_decay_end
 from data.authors_draws import AuthorsDraws
 from mars.optimizer import ratio_key
 from training.checkpoint import CheckpointReadError, latest_checkpoint, set_aside_checkpoints_after
@@ -111,9 +111,10 @@ def restore_hyperparameters(optimizer: torch.optim.Optimizer, fresh: list[dict])
 
 
 def schedule_changes(saved_train: dict, t) -> list[str]:
-    """What a resume changes in the lr schedule's shape: a longer ``max_iters`` stretches the decay."""
+    """What a resume changes in the lr schedule's shape: a longer ``max_iters`` stretches the decay (a constant
+    schedule, the run's and the checkpoint's, has none to stretch)."""
     saved_end, end = lr_decay_end(saved_train), lr_decay_end(t)
-    if saved_end == end:
+    if saved_end == end or LrSchedule(t.lr_schedule) == LrSchedule(saved_train["lr_schedule"]) == LrSchedule.constant:
         return []
     return [f"the lr schedule now reaches train.min_lr at step {end} instead of the checkpoint's {saved_end} "
             f"(train.max_iters {saved_train['max_iters']} -> {t.max_iters}, train.decay_iters "

@@ -7,7 +7,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from configs.schema import ModelConfig, register_configs
+from configs.schema import LrSchedule, ModelConfig, register_configs
 from model import GPT, GPTConfig
 from training import resume
 from training.checkpoint import CheckpointReadError, save_checkpoint
@@ -157,3 +157,12 @@ def test_a_rank_that_fails_to_load_tells_the_others_before_it_stops(monkeypatch,
     with pytest.raises(torch.OutOfMemoryError):  # its own error, after the others have heard of it
         resume.find_resume_checkpoint(tmp_path, torch.device("cpu"), DistributedContext())
     assert told == [("error", "CUDA out of memory")]
+
+
+def test_a_longer_run_is_told_its_decay_stretches_unless_its_schedule_is_constant():
+    saved = {"max_iters": 3, "decay_iters": None, "lr_schedule": "constant"}
+    constant = OmegaConf.create({"max_iters": 6, "decay_iters": None, "lr_schedule": LrSchedule.constant})
+    assert resume.schedule_changes(saved, constant) == []  # no decay to stretch: the lr it steps at is the same
+    cosine = OmegaConf.create({"max_iters": 6, "decay_iters": None, "lr_schedule": LrSchedule.cosine})
+    assert resume.schedule_changes({**saved, "lr_schedule": "cosine"}, cosine)[0].startswith(
+        "the lr schedule now reaches train.min_lr at step 6 instead of the checkpoint's 3")
