@@ -218,6 +218,23 @@ def test_a_yaml_syntax_error_in_the_users_own_config_is_named_by_file_line_and_c
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["command line", "own config file"])
+def test_an_unknown_key_is_one_line_with_the_nearest_key_not_hydras_advice_to_append_it(tmp_path, where):
+    config_dir = tmp_path / "my-configs"
+    (config_dir / "optimizer").mkdir(parents=True)
+    mine = config_dir / "optimizer" / "mine.yaml"
+    mine.write_text("defaults:\n  - mars-adamw\n  - _self_\ngama: 0.05\n")
+    arguments = ["optimizer.gammma=0.1"] if where == "command line" else ["--config-dir", str(config_dir),
+                                                                           "optimizer=mine"]
+    result = warm_python.run([sys.executable, str(REPO / "train.py"), *arguments, f"hydra.run.dir={tmp_path / 'run'}",
+                              *SMALL], cwd=REPO, timeout=300, env=environment({}))
+    key, at = ("optimizer.gammma", "") if where == "command line" else ("optimizer.gama", f" in {mine}")
+    last = assert_one_line(result, f"unknown config key {key}{at}: did you mean optimizer.gamma?")
+    assert result.stderr.strip() == last and "To append" not in result.stdout + result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("device", ["foo", "mps"])
 def test_a_device_the_trainer_cannot_run_on_is_refused(tmp_path, device):
     assert_one_line(train(tmp_path / "run", f"train.device={device}"), f"train.device={device}", "cpu")
