@@ -106,7 +106,7 @@ def test_a_data_dir_without_shards_names_the_command_that_makes_them(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     last = assert_one_line(train(tmp_path / "run", "data=custom", f"data.dir={empty}"), f"{empty} has no train shards",
-                           f"`python -m data.prepare files YOUR_FILES... --out {empty}`")
+                           f"`{sys.executable} -m data.prepare files YOUR_FILES... --out {empty}`")
     assert "README" not in last
 
 

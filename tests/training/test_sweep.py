@@ -1,5 +1,6 @@
 """A local sweep (train.py -m) survives a bad point, resumes in its own directory and says how it ended."""
 import json
+import os
 import re
 import shlex
 import shutil
@@ -126,7 +127,38 @@ def test_a_run_ends_with_a_summary_naming_its_losses_checkpoint_and_the_commands
             f"{best_step}, final {losses[4]:.4f} at step 4") in log, log
     assert f"last checkpoint: {tmp_path}/checkpoints/ckpt_00000004.pt | run dir: {tmp_path}" in log
     assert f"hydra.run.dir={tmp_path} train.resume=true" in log
-    assert f"table: python -m scripts.make_table {tmp_path}" in log
+    assert f"table: {sys.executable} -m scripts.make_table {tmp_path}" in log
+
+
+def shell_without_the_venv() -> dict:
+    """A fresh shell's environment, as a terminal opened beside the one that ran train.py has it: no virtual
+    environment activated (nor its directory on PATH), nothing of this process's Python settings."""
+    venv = Path(sys.prefix)
+    path = [entry for entry in os.environ.get("PATH", "").split(os.pathsep)
+            if entry and not Path(entry).resolve().is_relative_to(venv.resolve())]
+    return {"PATH": os.pathsep.join(path), "HOME": os.environ.get("HOME", "/"), "LANG": "C.UTF-8"}
+
+
+def printed_commands(log: str) -> dict[str, str]:
+    """The commands of a run's closing summary, by what they do: ``{"resume": ..., "table": ...}``."""
+    found = dict(re.findall(r"\] - (resume|table)[^:]*: (.+)$", log, flags=re.MULTILINE))
+    assert set(found) == {"resume", "table"}, log
+    return found
+
+
+@pytest.mark.slow
+def test_every_command_a_run_prints_runs_as_printed_in_a_shell_without_the_venv_activated(tmp_path):
+    first = warm_python.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *TINY, "train.max_iters=2",
+                             "train.eval_interval=2"], cwd=REPO, timeout=600)
+    assert first.returncode == 0, first.stderr
+    for name, command in printed_commands(first.stdout).items():
+        ran = subprocess.run(["bash", "-c", command], cwd=REPO, env=shell_without_the_venv(), capture_output=True,
+                             text=True, timeout=600)
+        assert ran.returncode == 0, f"{name}: {command}\n{ran.stdout}{ran.stderr}"
+        if name == "table":
+            assert str(tmp_path.name) in ran.stdout or "val loss" in ran.stdout, ran.stdout
+        else:  # the run had finished: the resume finds nothing left to train
+            assert "nothing to do" in ran.stdout + ran.stderr, ran.stdout + ran.stderr
 
 
 @pytest.mark.slow
