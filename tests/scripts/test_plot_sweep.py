@@ -189,7 +189,7 @@ def test_figures_that_cannot_be_written_are_one_line_naming_the_file(sweep, tmp_
 
 def test_a_blown_up_point_is_above_the_best_healthy_point_and_the_legend_is_names_no_wider_than_the_axes(
         tmp_path, make_run, make_failure):
-    # The sweep of issue 49: lr 3e-3, 1e-3, 10 x gamma 0.025; lr 10 diverged (val loss 986.6) with a long reason.
+    # A sweep of lr 3e-3, 1e-3, 10 at gamma 0.025 whose lr 10 diverged (val loss 986.6) with a long reason.
     mars = [*TINY, "optimizer=mars-adamw"]
     for lr, loss in ((1e-3, 6.9), (3e-3, 6.753)):
         make_run(tmp_path / f"mars-{lr}", [*mars, f"optimizer.lr={lr}"], [10.8, loss], 1024)
