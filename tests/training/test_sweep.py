@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 
 from data.embedded import prepare_embedded
 from scripts.make_table import make_table
-from scripts.plot_curves import CLIPPED_NOTE, every_point_lines, group_figure
+from scripts.plot_curves import CLIPPED_NOTE, NOT_DRAWN_NOTE, every_point_lines, group_figure
 from scripts.plot_sweep import panel_figure, sweep_lines
 from scripts.run_selection import load_runs
 from training.metrics import read_metrics
@@ -260,10 +260,18 @@ def test_a_sweep_with_a_finite_blow_up_and_a_refused_gamma_gives_a_table_and_fig
     assert [line.get_xdata().tolist() for line in axes.containers[0].lines[:1]] == [[1e-3, 3e-3]]
     assert len(axes.containers) == 1  # the gamma -0.1 line, every point refused, has no curve nor legend entry
     legend = [text.get_text() for text in axes.get_legend().get_texts()]
-    assert legend[0] == "MARS-approx, gamma 0.025" and legend[1].startswith("MARS-approx, gamma 0.025, lr 10 diverged "
-                                                                            "at step 2: val loss") and len(legend) == 2
+    assert legend == ["MARS-approx, gamma 0.025", "MARS-approx, gamma 0.025, lr 10: diverged at step 2"]
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    assert axes.get_legend().get_window_extent(renderer).width <= axes.get_window_extent(renderer).width
+    # The blow-up on the top edge, above every healthy point: the lowest marker is the best healthy point.
+    [blow_up] = [line for line in axes.lines if line.get_marker() == "^"]
+    assert (blow_up.get_xdata().tolist(), blow_up.get_ydata().tolist()) == ([10.0], [1.0])
+    assert blow_up.get_transform() == axes.get_xaxis_transform()
+    healthy_means = axes.containers[0].lines[0].get_ydata()
+    assert axes.get_ylim()[0] <= min(healthy_means) < max(healthy_means) <= axes.get_ylim()[1]
     [note] = axes.texts
-    assert note.get_text().splitlines()[1:] == [
+    assert note.get_text().replace("\n  ", " ").splitlines()[1:] == [  # one entry each, wrapped to the axes
         f"MARS-approx, gamma -0.1, lr {lr}: optimizer.gamma must be >= 0, got -0.1" for lr in ("0.001", "0.003", "10")]
     plt.close(figure)
     figure = panel_figure(next(iter(sweep_lines(runs, "gamma").values())), "gamma", "gamma")
@@ -275,8 +283,10 @@ def test_a_sweep_with_a_finite_blow_up_and_a_refused_gamma_gives_a_table_and_fig
     axes = figure.axes[0]
     assert axes.get_ylim()[1] < initial + 0.1  # the healthy runs' range, from step 0 down
     [triangles] = [line for line in axes.lines if line.get_marker() == "^"]
-    assert triangles.get_xdata().size == 1 and [text.get_text() for text in axes.texts] == [
-        f"{CLIPPED_NOTE} (up to {val_losses(blown)[2]:.4g})"]
+    assert triangles.get_xdata().size == 1 and [text.get_text() for text in axes.texts] == ["\n".join(
+        [f"{CLIPPED_NOTE} (up to {val_losses(blown)[2]:.4g})", NOT_DRAWN_NOTE,
+         *(f"MARS-approx, gamma=-0.1, lr={lr} (refused) (no evaluation)" for lr in ("0.001", "0.003", "10.0"))])]
+    assert len(axes.get_legend().get_texts()) == 3  # the refused points, which draw nothing, have no entry
     plt.close(figure)
 
     # Followed with a lower lr, the advice trains the point in its directory, and it fails no more.
