@@ -8,6 +8,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra._internal.utils import get_args_parser
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from configs.schema import Config, register_configs, unknown_key_message
@@ -44,7 +45,7 @@ def refuse_unknown_config_keys(argv: list[str]) -> None:
         return
     try:
         overrides = OverridesParser.create().parse_overrides(arguments.overrides)
-    except Exception:  # noqa: BLE001 - a malformed override: Hydra names it
+    except OverrideParseException:  # a malformed override: Hydra names it
         return
     user_dirs = user_config_dirs(argv)
     if not user_dirs and not any("." in o.key_or_group and not (o.is_add() or o.is_delete() or o.is_force_add())
@@ -59,7 +60,7 @@ def refuse_unknown_config_keys(argv: list[str]) -> None:
     for choices in _launches(overrides):
         try:
             compose_config([*fixed, *choices])
-        except Exception as err:  # noqa: BLE001 - only an unknown key is told here
+        except Exception as err:  # whatever Hydra stops on; only an unknown key is told here, the rest by Hydra
             message = _unknown_key_message(err, user_dirs)
             if message:
                 raise UnknownConfigKey(message) from None
