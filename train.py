@@ -18,6 +18,7 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from configs.compose import UnknownConfigKey, refuse_unknown_config_keys
 from configs.schema import Draws, grad_accum_steps_for, lr_decay_end, register_configs, validate
 from configs.user_dirs import ConfigSyntaxError, refuse_config_syntax_errors
 from data.corpora import take_data_dir_as_custom
@@ -297,7 +298,8 @@ def read_step_scalars(loss: torch.Tensor, grad_norm: torch.Tensor, lookahead_nor
 if __name__ == "__main__":
     try:
         refuse_config_syntax_errors(sys.argv[1:])  # Hydra would stop on them with the parser's traceback
-    except ConfigSyntaxError as err:
+        refuse_unknown_config_keys(sys.argv[1:])  # Hydra would advise +key=value, a detour to the same refusal
+    except (ConfigSyntaxError, UnknownConfigKey) as err:
         stop_with_message(f"error: {err}", every_rank_meets_it=True)
     main()
     failed_points = sweep_report()

@@ -322,11 +322,15 @@ def check_known_keys(cfg) -> None:
             continue
         known = [f.name for f in dataclasses.fields(schema)]
         for key in cfg[section]:
-            if key not in known:
-                close = difflib.get_close_matches(key, known, n=1)
-                hint = f"did you mean {section}.{close[0]}? " if close else ""
-                raise ConfigError(f"unknown config key {section}.{key}: {hint}the keys of {section} are "
-                                  f"{', '.join(known)}")
+            _require(key in known, unknown_key_message(section, key, known))
+
+
+def unknown_key_message(section: str, key: str, known: list[str], where: str = "") -> str:
+    """``unknown config key optimizer.gama<where>: did you mean optimizer.gamma? the keys of optimizer are ...``:
+    the one line for a key of ``section`` that its schema (whose keys are ``known``) does not have."""
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean {section}.{close[0]}? " if close else ""
+    return f"unknown config key {section}.{key}{where}: {hint}the keys of {section} are {', '.join(known)}"
 
 
 def check_finite(cfg) -> None:

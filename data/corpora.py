@@ -4,6 +4,8 @@ Kept apart from ``data.prepare`` so that the trainer can find a corpus without i
 """
 import logging
 import os
+import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +64,8 @@ def default_directory(corpus: HubCorpus) -> Path:
 
 def prepare_command(name: str, out: str | os.PathLike | None = None) -> str:
     """The command that creates the shard directory of data config ``name`` (at ``out``, if not the default)."""
+    # This interpreter by its path: the command runs in a shell without the venv activated.
+    python = f"{shlex.quote(sys.executable)} -m data.prepare"
     if name in HUB_CORPORA:
-        return f"python -m data.prepare {name}" + (f" --out {out}" if out else "")
-    return f"python -m data.prepare files YOUR_FILES... --out {out or 'DIR'}"
+        return f"{python} {name}" + (f" --out {shlex.quote(str(out))}" if out else "")
+    return f"{python} files YOUR_FILES... --out {shlex.quote(str(out)) if out else 'DIR'}"

@@ -27,6 +27,8 @@ import hashlib
 import json
 import logging
 import re
+import shlex
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -86,8 +88,8 @@ def split_files(data_dir: Path, split: str) -> list[Path]:
     if not shards:
         raise FileNotFoundError(
             f"{data_dir} has no {split} shards ({split}.bin or {split}_000000.bin, ...): make them with "
-            f"`{prepare_command('custom', data_dir)}` (.txt, .jsonl or .parquet files), or `python -m data.prepare "
-            f"{'|'.join(HUB_CORPORA)} --out {data_dir}`"
+            f"`{prepare_command('custom', data_dir)}` (.txt, .jsonl or .parquet files), or "
+            f"`{shlex.quote(sys.executable)} -m data.prepare {'|'.join(HUB_CORPORA)} --out {data_dir}`"
         )
     return shards
 

@@ -21,7 +21,9 @@ point of a sweep, seeds averaged) instead of each optimizer's best, labelled by 
 (``MARS-approx, gamma=0.005``) in numeric order. A failed point (refused, diverged: its ``failure.json``) is
 dashed up to its last evaluation, which is a cross; its label says how and where it failed. The y axis spans
 what the healthy runs span: a failed run's evaluations above it (a blow-up to a val loss of 981) are triangles on
-the top edge, and a note under the axes says so.
+the top edge, and a note under the axes says so. A setting with no finite loss to draw (a refused point, or a
+run whose every val loss is NaN, as a float16 evaluation that overflowed writes) has no line and no legend entry:
+it is listed under the axes with what it is, beside the healthy runs' lines.
 """
 import logging
 from pathlib import Path
@@ -46,6 +48,7 @@ TIME_UNITS = (("hours", 3600.0), ("minutes", 60.0), ("seconds", 1.0))
 ZOOM_EVALUATIONS = 20  # from this many evaluations per curve on, the first steps (from ~10.9) are cut off
 CYCLE_COLORS = 10  # lines the default colour cycle tells apart; more are drawn from tab20
 CLIPPED_NOTE = "y axis: the healthy runs' range; ▲ evaluations of failed runs above it"
+NOT_DRAWN_NOTE = "not drawn, no finite loss:"
 TRIANGLE_SPACING = 0.04  # in axes heights, between the triangles of runs that left the frame at one x
 
 
@@ -87,7 +90,9 @@ def plot_group(lines: list[tuple[str, Setting]], x_axis: str, title: str, path: 
 
 
 def group_figure(lines: list[tuple[str, Setting]], x_axis: str, title: str) -> plt.Figure:
-    """One line per (name, setting) in ``lines``, against training tokens or time (``x_axis``)."""
+    """One line per (name, setting) in ``lines``, against training tokens or time (``x_axis``). A setting with no
+    finite loss to draw (refused before it trained, or every evaluation NaN, as an overflowed float16 evaluation
+    writes) has no line nor legend entry: it is listed under the axes with what it is."""
     figure, axes = plt.subplots(figsize=(6, 4.5))
     if len(lines) > CYCLE_COLORS:
         axes.set_prop_cycle(color=plt.cm.tab20.colors)
@@ -95,30 +100,47 @@ def group_figure(lines: list[tuple[str, Setting]], x_axis: str, title: str) -> p
     column = 2 if x_axis == "tokens" else 3  # (label, steps, tokens, seconds, losses, failed)
     unit, scale = pick_unit(max(curve[column].max(initial=0.0) for curve in curves),
                             TOKEN_UNITS if x_axis == "tokens" else TIME_UNITS)
-    drawn = []
-    for label, _, tokens, seconds, losses, failed in curves:
+    drawn, not_drawn = [], []
+    for (label, _, tokens, seconds, losses, failed), (_, setting) in zip(curves, lines):
+        if not np.isfinite(losses).any():
+            not_drawn.append(f"{label} ({nothing_to_draw(setting, losses)})")
+            continue
         x = (tokens if x_axis == "tokens" else seconds).mean(axis=0) / scale
         [line] = axes.plot(x, losses.mean(axis=0), label=label, linestyle="--" if failed else "-",
-                           marker="x" if failed else None, markevery=[-1] if failed and x.size else None)
+                           marker="x" if failed else None, markevery=[-1] if failed else None)
         if len(losses) > 1:
             axes.fill_between(x, losses.min(axis=0), losses.max(axis=0), alpha=0.2, color=line.get_color())
         drawn.append((x, losses, failed, line.get_color()))
     quantity = "training tokens" if x_axis == "tokens" else "training time"
     axes.set_xlabel(f"{quantity} ({unit})" if unit else quantity)
     axes.set_ylabel("validation loss")
-    set_loss_range(axes, [entry for entry in drawn if entry[1].size])
+    notes = [set_loss_range(axes, drawn)] if drawn else []
+    if not_drawn:
+        notes.append("\n".join([NOT_DRAWN_NOTE, *not_drawn]))
+    if any(notes):  # under the x label
+        axes.text(0, -0.16, "\n".join(filter(None, notes)), transform=axes.transAxes, va="top", fontsize="small")
     axes.set_title(title)
     axes.grid(alpha=0.3)
     figure.tight_layout()  # for the axes alone: the file, saved with bbox_inches="tight", takes the legend in
-    # Beside the axes: a sweep's every point makes a long legend, which inside would hide the curves.
-    axes.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
+    if drawn:  # beside the axes: a sweep's every point makes a long legend, which inside would hide the curves
+        axes.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
     return figure
 
 
-def set_loss_range(axes: plt.Axes, curves: list[tuple[np.ndarray, np.ndarray, bool, str]]) -> None:
-    """The y range of ``curves`` (x, losses per seed, failed, colour): what the healthy ones span, so that one run
-    that blew up (a val loss of 981) does not flatten the rest; its evaluations above the range are triangles on
-    the top edge, and a note says so. Long runs are zoomed as the paper does."""
+def nothing_to_draw(setting: Setting, losses: np.ndarray) -> str:
+    """Why a setting has no line: ``no evaluation`` (refused before it trained), or ``every val loss NaN: run-a at
+    3 evaluations`` (a float16 evaluation that overflowed writes NaN)."""
+    if not losses.size:
+        return "no evaluation"
+    runs = ", ".join(f"{Path(run.name).name} at {len(run.evaluations)} evaluations" for run in setting.runs)
+    return f"every val loss NaN: {runs}"
+
+
+def set_loss_range(axes: plt.Axes, curves: list[tuple[np.ndarray, np.ndarray, bool, str]]) -> str:
+    """The y range of ``curves`` (x, losses per seed, failed, colour), each with a finite loss: what the healthy ones
+    span, so that one run that blew up (a val loss of 981) does not flatten the rest; its evaluations above the range
+    are triangles on the top edge, and the note returned says so (empty if none). Long runs are zoomed as the paper
+    does."""
     healthy = [losses for _, losses, failed, _ in curves if not failed] or [losses for _, losses, _, _ in curves]
     lowest = min(np.nanmin(losses.mean(axis=0)) for _, losses, _, _ in curves)
     highest = max(np.nanmax(losses) for losses in healthy)
@@ -139,9 +161,7 @@ def set_loss_range(axes: plt.Axes, curves: list[tuple[np.ndarray, np.ndarray, bo
             axes.plot(x[beyond], heights, transform=axes.get_xaxis_transform(), linestyle="none", marker="^",
                       color=color, clip_on=False)
             escaped += mean[beyond].tolist()
-    if escaped:
-        axes.text(0, -0.16, f"{CLIPPED_NOTE} (up to {np.nanmax(escaped):.4g})", transform=axes.transAxes, va="top",
-                  fontsize="small")  # under the x label
+    return f"{CLIPPED_NOTE} (up to {np.nanmax(escaped):.4g})" if escaped else ""
 
 
 def plot_curves(runs: list[Run], out: Path, every_point: bool = False) -> list[Path]:

@@ -12,14 +12,17 @@ A point whose seeds include a run whose last logged step is short of its max_ite
 killed, or still running: ``Run.stopped_early``) is drawn hollow, and the legend says what that means: such a
 run's best loss is that of the steps it reached, short of those configured (make_table marks such figures
 ``*``). A warning names such runs and where they stopped. A point that diverged or failed while it trained (its
-``failure.json``) has no loss: it is a cross at the bottom of the axes, in its line's colour (crosses at one value
-stacked upwards), and the legend gives its reason. A refused point never ran, and its value may be one no axis
+``failure.json``) has no loss to place: its loss is beyond any healthy one (a blow-up) or none, so it is a triangle
+on the top edge of the axes pointing up, in its line's colour (triangles at one value stacked downwards), never at
+the low end where the best points are; its legend entry says how and where it failed (``MARS-approx, lr 10:
+diverged at step 30``), and the table gives its reason. A refused point never ran, and its value may be one no axis
 should show (gamma = -0.1): it is listed under the axes with its reason, not drawn. Lines are in the order of the
 optimizers, then of the value held fixed, in numeric order. A figure whose every point failed is not written: one
 line says so.
 """
 import json
 import logging
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,9 +41,9 @@ from scripts.run_selection import Setting, group_settings, where_stopped  # noqa
 log = logging.getLogger(__name__)
 SWEPT = {"lr": "learning rate", "gamma": "gamma (MARS)"}
 STOPPED_NOTE = "hollow: includes runs stopped before their configured steps"
-FAILURE_NOTE_LENGTH = 60  # characters of a failed point's reason in the legend
-CROSS_SPACING = 0.05  # in axes heights, between crosses of failed points at one value
+FAILED_SPACING = 0.05  # in axes heights, between the triangles of failed points at one value
 REFUSED_NOTE = "refused, not drawn:"
+NOTE_WIDTH = 68  # characters a line of the note under the axes holds at most: no wider than the axes
 
 
 @dataclass
@@ -142,9 +145,9 @@ def plot_panel(lines: list[SweepLine], parameter: str, title: str, path: Path) -
 
 def panel_figure(lines: list[SweepLine], parameter: str, title: str) -> plt.Figure:
     """The ``lines`` against the swept ``parameter``; points with stopped runs hollow, and the legend says so;
-    failed points crosses at the bottom, refused ones listed under the axes."""
+    failed points triangles on the top edge, refused ones listed under the axes."""
     figure, axes = plt.subplots(figsize=(6, 4.5))
-    handles, failed, crosses_at = [], [], {}
+    handles, failed, failed_at = [], [], {}
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, line in enumerate(lines):
         color = colors[index % len(colors)]
@@ -154,8 +157,8 @@ def panel_figure(lines: list[SweepLine], parameter: str, title: str) -> plt.Figu
                                          color=color))
             draw_stopped(axes, line, handles[-1].lines[0])
         for x, run in line.failed:
-            crosses_at[x] = crosses_at.get(x, -1) + 1
-            failed.append(failed_point(axes, line, x, run, parameter, color, crosses_at[x]))
+            failed_at[x] = failed_at.get(x, -1) + 1
+            failed.append(failed_point(axes, line, x, run, parameter, color, failed_at[x]))
     handles += failed
     if any(runs for line in lines for runs in line.stopped):
         handles.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="white", markeredgecolor="gray",
@@ -166,12 +169,13 @@ def panel_figure(lines: list[SweepLine], parameter: str, title: str) -> plt.Figu
     axes.set_ylabel("best validation loss (mean over seeds; bars: min-max)")
     axes.set_title(title)
     axes.grid(alpha=0.3)
-    refused = [f"{line.label}, {parameter} {x:g}: {run.failure['reason']}" for line in lines for x, run in line.refused]
+    refused = [textwrap.fill(f"{line.label}, {parameter} {x:g}: {run.failure['reason']}", NOTE_WIDTH,
+                             subsequent_indent="  ") for line in lines for x, run in line.refused]
     if refused:  # under the x label, one line each
         axes.text(0, -0.16, "\n".join([REFUSED_NOTE, *refused]), transform=axes.transAxes, va="top",
                   fontsize="small")
     figure.tight_layout()  # for the axes alone: the file, saved with bbox_inches="tight", takes the legend in
-    # Beside the axes: reasons of failed points are long, and a legend inside would hide points.
+    # Beside the axes, where it hides no point: its entries are names, so it is no wider than the axes.
     axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
     return figure
 
@@ -185,14 +189,13 @@ def draw_stopped(axes: plt.Axes, line: SweepLine, mean_line: Line2D) -> None:
                   markerfacecolor="white", zorder=mean_line.get_zorder() + 0.1)
 
 
-def failed_point(axes: plt.Axes, line: SweepLine, x: float, run: Run, parameter: str, color, below: int) -> Line2D:
-    """A cross at the bottom of the axes where a failed point lies, above the ``below`` crosses already at that
-    value, and its legend entry: the line, the value and the reason."""
-    cross = {"linestyle": "none", "marker": "x", "markersize": 9, "markeredgewidth": 2, "color": color}
-    axes.plot([x], [CROSS_SPACING * below], transform=axes.get_xaxis_transform(), clip_on=False, **cross)
-    note = run.failure_note
-    note = note if len(note) <= FAILURE_NOTE_LENGTH else note[:FAILURE_NOTE_LENGTH - 1] + "…"
-    return Line2D([], [], label=f"{line.label}, {parameter} {x:g} {note}", **cross)
+def failed_point(axes: plt.Axes, line: SweepLine, x: float, run: Run, parameter: str, color, above: int) -> Line2D:
+    """A triangle pointing up on the top edge of the axes where a failed point lies, below the ``above`` triangles
+    already at that value, and its legend entry: the line, the value and how it failed (its reason is long: the
+    table gives it)."""
+    triangle = {"linestyle": "none", "marker": "^", "markersize": 8, "color": color}
+    axes.plot([x], [1 - FAILED_SPACING * above], transform=axes.get_xaxis_transform(), clip_on=False, **triangle)
+    return Line2D([], [], label=f"{line.label}, {parameter} {x:g}: {run.failed_at}", **triangle)
 
 
 def plot_sweeps(runs: list[Run], out: Path) -> list[Path]:

@@ -106,7 +106,7 @@ def test_a_data_dir_without_shards_names_the_command_that_makes_them(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     last = assert_one_line(train(tmp_path / "run", "data=custom", f"data.dir={empty}"), f"{empty} has no train shards",
-                           f"`python -m data.prepare files YOUR_FILES... --out {empty}`")
+                           f"`{sys.executable} -m data.prepare files YOUR_FILES... --out {empty}`")
     assert "README" not in last
 
 
@@ -215,6 +215,23 @@ def test_a_yaml_syntax_error_in_the_users_own_config_is_named_by_file_line_and_c
                               *SMALL, "optimizer=mine"], cwd=REPO, timeout=300, env=environment({}))
     assert_one_line(result, f"{mine} is not valid YAML", "line 5, column 3", "expected ',' or ']'",
                     "line 4, column 8", "fix the syntax")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["command line", "own config file"])
+def test_an_unknown_key_is_one_line_with_the_nearest_key_not_hydras_advice_to_append_it(tmp_path, where):
+    config_dir = tmp_path / "my-configs"
+    (config_dir / "optimizer").mkdir(parents=True)
+    mine = config_dir / "optimizer" / "mine.yaml"
+    mine.write_text("defaults:\n  - mars-adamw\n  - _self_\ngama: 0.05\n")
+    arguments = ["optimizer.gammma=0.1"] if where == "command line" else ["--config-dir", str(config_dir),
+                                                                           "optimizer=mine"]
+    result = warm_python.run([sys.executable, str(REPO / "train.py"), *arguments, f"hydra.run.dir={tmp_path / 'run'}",
+                              *SMALL], cwd=REPO, timeout=300, env=environment({}))
+    key, at = ("optimizer.gammma", "") if where == "command line" else ("optimizer.gama", f" in {mine}")
+    last = assert_one_line(result, f"unknown config key {key}{at}: did you mean optimizer.gamma?")
+    assert result.stderr.strip() == last and "To append" not in result.stdout + result.stderr
     assert not (tmp_path / "run").exists()
 
 

@@ -15,21 +15,57 @@ DOC_PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "
 
 
 def readme_commands() -> list[str]:
-    """The commands of the README's first code block: set up and train, set up and test, the fast tier."""
+    """The commands of the README's first code block: set up and train, set up and test."""
     lines = (REPO / "README.md").read_text().splitlines()
     start = lines.index("```bash") + 1
     return lines[start : lines.index("```", start)]
 
 
-def test_readme_opens_with_a_train_command_a_test_command_and_the_fast_tier_command():
-    train_command, test_command, fast_tier_command = readme_commands()
-    assert train_command.endswith("python train.py")
-    assert "pytest" in test_command
-    assert fast_tier_command.startswith(".venv/bin/python -m pytest") and fast_tier_command.endswith('-m "not slow"')
+def readme_opening() -> str:
+    """The README's first paragraph after its first code block, as one line."""
+    text = (REPO / "README.md").read_text()
+    after = text.split("```", 2)[2].removeprefix("\n").lstrip("\n")
+    return after.split("\n\n", 1)[0].replace("\n", " ")
+
+
+SETUP = "python3 -m venv .venv && "
+
+
+def test_readme_opens_with_exactly_two_commands_each_setting_up_a_fresh_machine_and_running_its_job():
+    train_command, test_command = readme_commands()  # exactly two: a third would need one of them run before it
+    for command in (train_command, test_command):
+        assert command.startswith(SETUP), command  # each runs on a fresh machine on its own
+    steps = [step.strip() for step in test_command.split("&&")]
+    installs = [i for i, step in enumerate(steps) if step.startswith(".venv/bin/pip install")
+                and ".[test]" in shlex.split(step)]
+    runs = [i for i, step in enumerate(steps) if step.startswith(".venv/bin/python -m pytest")]
+    assert installs and runs == [len(steps) - 1] and installs[0] < runs[0]  # pytest, installed before it runs
+    assert train_command.endswith(" && .venv/bin/python train.py")
+
+
+def test_the_fast_tier_is_named_after_the_commands_as_an_option_of_the_second():
+    _, test_command = readme_commands()
+    opening = readme_opening()
+    option = '-m "not slow"'
+    assert option not in test_command and f"add `{option}` to its pytest command" in opening, opening
+    fast_tier = shlex.split(test_command.rsplit("&&", 1)[1]) + shlex.split(option)
+    assert fast_tier[:3] == [".venv/bin/python", "-m", "pytest"] and fast_tier[-2:] == ["-m", "not slow"]
+
+
+def test_the_readme_gives_the_default_runs_measured_time_and_machine_at_most_three_minutes_when_idle():
+    from configs.compose import compose_config
+
+    opening = readme_opening()
+    measured = re.search(r"\(`\.venv/bin/python train\.py`, (\d+) steps\) takes (\d+) min (\d+) s on an idle "
+                         r"(\d+)-core", opening)
+    assert measured, opening
+    steps, minutes, seconds, cores = map(int, measured.groups())
+    assert steps == compose_config([]).train.max_iters  # a longer default run is measured again
+    assert minutes * 60 + seconds <= 180 and cores == 2
 
 
 def test_ci_runs_the_readme_test_command():
-    _, test_command, _ = readme_commands()
+    _, test_command = readme_commands()
     assert test_command in (REPO / ".ci" / "run").read_text()
     # Workers (-n) come from pytest-xdist: the test extra must install it.
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]

@@ -13,6 +13,8 @@ Items are read from the official JSONL files (rowanz/hellaswag ``data/hellaswag_
 import contextlib
 import json
 import os
+import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,6 +144,7 @@ def training_items(path: str | None, limit: int | None) -> list[Item]:
     path = Path(path).expanduser() if path else default_val_path()
     if not path.is_file():
         raise FileNotFoundError(f"train.hellaswag_interval is set but {path} does not exist: fetch it with "
-                                "`python -m evaluation.hellaswag --download --checkpoint ...` or by hand (from "
+                                f"`{shlex.quote(sys.executable)} -m evaluation.hellaswag --download --checkpoint ...` "
+                                "or by hand (from "
                                 f"{VAL_URL}), or point train.hellaswag_file at a copy")
     return load_items(path, limit)

@@ -5,6 +5,7 @@ import contextlib
 import logging
 import os
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,7 +68,8 @@ def closing_summary(records: list[dict], progress: Progress, max_iters: int, run
     return [f"run {ended} at step {progress.step} of {max_iters} (train.max_iters) | {val}",
             f"last checkpoint: {progress.checkpoint or 'none'} | run dir: {run_dir}",
             f"{again}: {resume}",
-            f"table: python -m scripts.make_table {shlex.quote(str(tabulate_dir))}"]
+            # This interpreter by its path, as the resume line starts it: a shell without the venv activated runs it.
+            f"table: {shlex.join([sys.executable, '-m', 'scripts.make_table', str(tabulate_dir)])}"]
 
 
 def tell_closing_summary(lines: list[str]) -> None:

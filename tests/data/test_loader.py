@@ -1,5 +1,8 @@
 import json
 import logging
+import re
+import shlex
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -268,7 +271,8 @@ def test_missing_data_directory_names_the_prepare_command(tmp_path, monkeypatch)
     with pytest.raises(ValueError, match="data.dir"):
         resolve_data_dir("custom", None)
     monkeypatch.setenv("MARS_DATA_CACHE", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match=r"`python -m data.prepare openwebtext`"):
+    python = re.escape(shlex.quote(sys.executable))  # this interpreter by its path: no venv need be activated
+    with pytest.raises(FileNotFoundError, match=rf"`{python} -m data.prepare openwebtext`"):
         resolve_data_dir("openwebtext", None)
-    with pytest.raises(FileNotFoundError, match=r"`python -m data.prepare fineweb-edu`"):
+    with pytest.raises(FileNotFoundError, match=rf"`{python} -m data.prepare fineweb-edu`"):
         resolve_data_dir("fineweb-edu", None)

@@ -142,15 +142,45 @@ def test_every_point_draws_a_line_per_setting_labelled_by_the_swept_value_in_num
     lines = drawn[0]
     figure = group_figure(lines, "tokens", "every point")
     axes = figure.axes[0]
+    # The refused point draws nothing: no legend entry, listed under the axes.
     assert [text.get_text() for text in axes.get_legend().get_texts()] == [
-        "AdamW", "MARS-approx, gamma=-0.1 (refused)", "MARS-approx, gamma=0.005", "MARS-approx, gamma=0.025",
-        "MARS-approx, gamma=0.05", "MARS-approx, gamma=0.5 (diverged at step 60)"]
-    # The failed points: dashed, a cross at the last evaluation (the refused one has none).
+        "AdamW", "MARS-approx, gamma=0.005", "MARS-approx, gamma=0.025", "MARS-approx, gamma=0.05",
+        "MARS-approx, gamma=0.5 (diverged at step 60)"]
+    assert [text.get_text() for text in axes.texts] == [
+        f"{plot_curves_module.NOT_DRAWN_NOTE}\nMARS-approx, gamma=-0.1 (refused) (no evaluation)"]
+    # The failed point: dashed, a cross at the last evaluation.
     styles = [(line.get_linestyle(), line.get_marker(), line.get_xdata().size) for line in axes.lines]
-    assert styles == [("-", "None", 3), ("--", "x", 0), ("-", "None", 3), ("-", "None", 3), ("-", "None", 3),
-                      ("--", "x", 2)]
+    assert styles == [("-", "None", 3), ("-", "None", 3), ("-", "None", 3), ("-", "None", 3), ("--", "x", 2)]
     assert axes.lines[-1].get_markevery() == [-1]
     plt.close(figure)
+
+
+@pytest.mark.parametrize("every_point", [False, True])
+def test_runs_whose_every_loss_is_nan_are_listed_under_the_axes_and_the_healthy_ones_drawn(make_run, tmp_path,
+                                                                                           monkeypatch, every_point):
+    # AdamW first in the figure, its only run evaluated in float16, which overflowed: every val loss NaN.
+    make_run(tmp_path / "runs" / "adamw-fp16", [*TINY, "optimizer=adamw", "train.dtype=float16"],
+             [math.nan, math.nan, math.nan], 1024)
+    make_run(tmp_path / "runs" / "mars", [*TINY, "optimizer=mars-adamw"], [10.8, 7.0, 6.4], 1024)
+    drawn = []
+    monkeypatch.setattr(plot_curves_module, "plot_group", lambda lines, *args: drawn.append(lines))
+    plot_curves(load_runs([str(tmp_path / "runs")]), tmp_path / "curves", every_point=every_point)
+    figure = group_figure(drawn[0], "tokens", "fp16")
+    axes = figure.axes[0]
+    assert [text.get_text() for text in axes.get_legend().get_texts()] == ["MARS-approx"]
+    assert [line.get_ydata().tolist() for line in axes.lines] == [[10.8, 7.0, 6.4]]
+    low, high = axes.get_ylim()
+    assert 6.3 < low < 6.4 and 10.8 < high < 10.9
+    assert [text.get_text() for text in axes.texts] == [
+        f"{plot_curves_module.NOT_DRAWN_NOTE}\nAdamW (every val loss NaN: adamw-fp16 at 3 evaluations)"]
+    plt.close(figure)
+
+
+def test_the_cli_draws_beside_runs_whose_every_loss_is_nan(make_run, tmp_path, capsys):
+    make_run(tmp_path / "runs" / "adamw-fp16", [*TINY, "optimizer=adamw"], [math.nan, math.nan], 1024)
+    make_run(tmp_path / "runs" / "mars", [*TINY, "optimizer=mars-adamw"], [10.8, 6.4], 1024)
+    main([str(tmp_path / "runs"), "--out", str(tmp_path / "figures")])
+    assert len(capsys.readouterr().out.split()) == 2
 
 
 def test_cli_every_point_writes_figures_of_their_own(gamma_sweep, tmp_path, capsys):
@@ -182,6 +212,8 @@ def test_a_run_that_blew_up_leaves_the_frame_as_triangles_and_the_healthy_curves
         (pytest.approx([50 * 1024 / 1e3, 100 * 1024 / 1e3]), [1.0, 1.0]),
         (pytest.approx([50 * 1024 / 1e3]), [1.0 - plot_curves_module.TRIANGLE_SPACING])]
     assert all(line.get_transform() == axes.get_xaxis_transform() for line in triangles)
-    assert [text.get_text() for text in axes.texts] == [f"{plot_curves_module.CLIPPED_NOTE} (up to 981)"]
+    assert [text.get_text() for text in axes.texts] == [
+        f"{plot_curves_module.CLIPPED_NOTE} (up to 981)\n{plot_curves_module.NOT_DRAWN_NOTE}\n"
+        "MARS-approx, gamma=-0.1, lr=0.003 (refused) (no evaluation)"]
     plt.close(figure)
 

@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 import pytest
 from matplotlib.colors import same_color
 
-from scripts.plot_sweep import CROSS_SPACING, REFUSED_NOTE, STOPPED_NOTE, main, panel_figure, sweep_lines
+from scripts.plot_sweep import FAILED_SPACING, REFUSED_NOTE, STOPPED_NOTE, main, panel_figure, sweep_lines
 from scripts.run_selection import load_runs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -112,13 +112,17 @@ def test_lines_of_one_optimizer_are_in_numeric_order_of_the_value_held_fixed(tmp
     plt.close(figure)
 
 
-def crosses(axes) -> list[tuple[list, list]]:
+def triangles(axes) -> list[tuple[list, list]]:
     return [(drawn.get_xdata().tolist(), drawn.get_ydata().tolist()) for drawn in axes.lines
-            if drawn.get_marker() == "x"]
+            if drawn.get_marker() == "^"]
+
+
+def extent(artist):
+    return artist.get_window_extent(artist.figure.canvas.get_renderer())
 
 
 @pytest.mark.slow
-def test_a_diverged_point_is_a_cross_at_the_axis_and_a_refused_one_is_listed_under_it_not_placed(
+def test_a_diverged_point_is_a_triangle_above_the_axes_and_a_refused_one_is_listed_under_it_not_placed(
         sweep, make_run, make_failure, tmp_path):
     mars = [*TINY, "optimizer=mars-adamw", "optimizer.lr=1e-2"]
     diverged = make_run(sweep / "mars-gamma0.5", [*mars, "optimizer.gamma=0.5"], [10.8], 1024, eval_steps=[0])
@@ -131,13 +135,12 @@ def test_a_diverged_point_is_a_cross_at_the_axis_and_a_refused_one_is_listed_und
     assert [(x, run.failure["kind"]) for x, run in line.refused] == [(-0.1, "refused")]
     figure = panel_figure([line], "gamma", "sweep")
     axes = figure.axes[0]
-    assert crosses(axes) == [([0.5], [0])]
-    cross = next(drawn for drawn in axes.lines if drawn.get_marker() == "x")
-    assert cross.get_transform() == axes.get_xaxis_transform()  # y 0: the axis' bottom
-    assert same_color(cross.get_color(), axes.containers[0].lines[0].get_color())
+    assert triangles(axes) == [([0.5], [1])]
+    triangle = next(drawn for drawn in axes.lines if drawn.get_marker() == "^")
+    assert triangle.get_transform() == axes.get_xaxis_transform()  # y 1: the axes' top edge, above every loss
+    assert same_color(triangle.get_color(), axes.containers[0].lines[0].get_color())
     assert axes.get_xlim()[0] > -0.05  # the refused -0.1 does not stretch the axis
-    assert legend_texts(figure) == ["MARS-approx", "MARS-approx, gamma 0.5 diverged at step 3: non-finite training "
-                                                   "loss nan"]
+    assert legend_texts(figure) == ["MARS-approx", "MARS-approx, gamma 0.5: diverged at step 3"]
     assert [text.get_text() for text in axes.texts] == [
         f"{REFUSED_NOTE}\nMARS-approx, gamma -0.1: gamma must be >= 0, got -0.1"]
     figure.savefig(tmp_path / "gamma_sweep.png")
@@ -156,10 +159,10 @@ def test_failed_points_at_one_value_are_stacked_and_a_line_without_a_healthy_poi
     [lines] = sweep_lines(load_runs([str(tmp_path)]), "lr").values()
     figure = panel_figure(lines, "lr", "sweep")
     axes = figure.axes[0]
-    assert sorted(crosses(axes)) == [([10.0], [0.0]), ([10.0], [CROSS_SPACING]), ([20.0], [0.0]),
-                                     ([20.0], [CROSS_SPACING])]
+    assert sorted(triangles(axes)) == [([10.0], [1 - FAILED_SPACING]), ([10.0], [1.0]), ([20.0], [1 - FAILED_SPACING]),
+                                       ([20.0], [1.0])]
     assert legend_texts(figure)[0] == "MARS-approx, gamma 0.025"
-    assert "MARS-approx, gamma 0.05" not in legend_texts(figure)  # no curve: its crosses carry its label
+    assert "MARS-approx, gamma 0.05" not in legend_texts(figure)  # no curve: its triangles carry its label
     assert all(text.get_text() for text in figure.axes[0].get_legend().get_texts())
     plt.close(figure)
 
@@ -182,3 +185,43 @@ def test_figures_that_cannot_be_written_are_one_line_naming_the_file(sweep, tmp_
     with pytest.raises(SystemExit) as stopped:
         main([str(sweep), "--out", str(figures)])
     assert str(stopped.value).startswith("error: cannot write ") and "(No space left on device)" in str(stopped.value)
+
+
+def test_a_blown_up_point_is_above_the_best_healthy_point_and_the_legend_is_names_no_wider_than_the_axes(
+        tmp_path, make_run, make_failure):
+    # A sweep of lr 3e-3, 1e-3, 10 at gamma 0.025 whose lr 10 diverged (val loss 986.6) with a long reason.
+    mars = [*TINY, "optimizer=mars-adamw"]
+    for lr, loss in ((1e-3, 6.9), (3e-3, 6.753)):
+        make_run(tmp_path / f"mars-{lr}", [*mars, f"optimizer.lr={lr}"], [10.8, loss], 1024)
+    reason = ("val loss 986.6 at step 20, above 10 x the step-0 val loss 10.83: the run diverged; lower optimizer.lr "
+              "or raise train.warmup_iters")
+    make_failure(tmp_path / "mars-10", "diverged", reason, 20, [*mars, "optimizer.lr=10"])
+    [lines] = sweep_lines(load_runs([str(tmp_path)]), "lr").values()
+    figure = panel_figure(lines, "lr", "sweep")
+    axes = figure.axes[0]
+    figure.canvas.draw()
+    to_pixels = axes.get_xaxis_transform()
+    [(_, [top])] = triangles(axes)
+    healthy = axes.containers[0].lines[0]
+    lowest_healthy = min(healthy.get_ydata())
+    assert top == 1.0 and to_pixels.transform((10, top))[1] > axes.transData.transform((3e-3, lowest_healthy))[1]
+    low, high = axes.get_ylim()
+    assert low <= lowest_healthy <= high  # the best point is on the axes, the lowest marker drawn
+    marker_heights = [axes.transData.transform((0, y))[1] for y in healthy.get_ydata()]
+    assert min(marker_heights) == axes.transData.transform((0, 6.753))[1]
+    assert legend_texts(figure) == ["MARS-approx", "MARS-approx, lr 10: diverged at step 20"]
+    assert extent(axes.get_legend()).width <= extent(axes).width
+    plt.close(figure)
+
+
+def test_a_refused_points_long_reason_under_the_axes_is_no_wider_than_them(sweep, make_failure):
+    make_failure(sweep / "mars-gamma-0.1", "refused", "optimizer.gamma must be >= 0, got -0.1: set it to 0 (no "
+                 "variance reduction: plain AdamW) or to a small positive value such as the paper's 0.025", 0,
+                 [*TINY, "optimizer=mars-adamw", "optimizer.lr=1e-2", "optimizer.gamma=-0.1"])
+    [[line]] = sweep_lines(load_runs([str(sweep)]), "gamma").values()
+    figure = panel_figure([line], "gamma", "sweep")
+    figure.canvas.draw()
+    [note] = figure.axes[0].texts
+    assert note.get_text().startswith(f"{REFUSED_NOTE}\nMARS-approx, gamma -0.1: optimizer.gamma must be >= 0")
+    assert extent(note).width <= extent(figure.axes[0]).width
+    plt.close(figure)

@@ -1,5 +1,6 @@
 """A local sweep (train.py -m) survives a bad point, resumes in its own directory and says how it ended."""
 import json
+import os
 import re
 import shlex
 import shutil
@@ -15,7 +16,7 @@ import matplotlib.pyplot as plt
 
 from data.embedded import prepare_embedded
 from scripts.make_table import make_table
-from scripts.plot_curves import CLIPPED_NOTE, every_point_lines, group_figure
+from scripts.plot_curves import CLIPPED_NOTE, NOT_DRAWN_NOTE, every_point_lines, group_figure
 from scripts.plot_sweep import panel_figure, sweep_lines
 from scripts.run_selection import load_runs
 from training.metrics import read_metrics
@@ -126,7 +127,38 @@ def test_a_run_ends_with_a_summary_naming_its_losses_checkpoint_and_the_commands
             f"{best_step}, final {losses[4]:.4f} at step 4") in log, log
     assert f"last checkpoint: {tmp_path}/checkpoints/ckpt_00000004.pt | run dir: {tmp_path}" in log
     assert f"hydra.run.dir={tmp_path} train.resume=true" in log
-    assert f"table: python -m scripts.make_table {tmp_path}" in log
+    assert f"table: {sys.executable} -m scripts.make_table {tmp_path}" in log
+
+
+def shell_without_the_venv() -> dict:
+    """A fresh shell's environment, as a terminal opened beside the one that ran train.py has it: no virtual
+    environment activated (nor its directory on PATH), nothing of this process's Python settings."""
+    venv = Path(sys.prefix)
+    path = [entry for entry in os.environ.get("PATH", "").split(os.pathsep)
+            if entry and not Path(entry).resolve().is_relative_to(venv.resolve())]
+    return {"PATH": os.pathsep.join(path), "HOME": os.environ.get("HOME", "/"), "LANG": "C.UTF-8"}
+
+
+def printed_commands(log: str) -> dict[str, str]:
+    """The commands of a run's closing summary, by what they do: ``{"resume": ..., "table": ...}``."""
+    found = dict(re.findall(r"\] - (resume|table)[^:]*: (.+)$", log, flags=re.MULTILINE))
+    assert set(found) == {"resume", "table"}, log
+    return found
+
+
+@pytest.mark.slow
+def test_every_command_a_run_prints_runs_as_printed_in_a_shell_without_the_venv_activated(tmp_path):
+    first = warm_python.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *TINY, "train.max_iters=2",
+                             "train.eval_interval=2"], cwd=REPO, timeout=600)
+    assert first.returncode == 0, first.stderr
+    for name, command in printed_commands(first.stdout).items():
+        ran = subprocess.run(["bash", "-c", command], cwd=REPO, env=shell_without_the_venv(), capture_output=True,
+                             text=True, timeout=600)
+        assert ran.returncode == 0, f"{name}: {command}\n{ran.stdout}{ran.stderr}"
+        if name == "table":
+            assert str(tmp_path.name) in ran.stdout or "val loss" in ran.stdout, ran.stdout
+        else:  # the run had finished: the resume finds nothing left to train
+            assert "nothing to do" in ran.stdout + ran.stderr, ran.stdout + ran.stderr
 
 
 @pytest.mark.slow
@@ -228,10 +260,18 @@ def test_a_sweep_with_a_finite_blow_up_and_a_refused_gamma_gives_a_table_and_fig
     assert [line.get_xdata().tolist() for line in axes.containers[0].lines[:1]] == [[1e-3, 3e-3]]
     assert len(axes.containers) == 1  # the gamma -0.1 line, every point refused, has no curve nor legend entry
     legend = [text.get_text() for text in axes.get_legend().get_texts()]
-    assert legend[0] == "MARS-approx, gamma 0.025" and legend[1].startswith("MARS-approx, gamma 0.025, lr 10 diverged "
-                                                                            "at step 2: val loss") and len(legend) == 2
+    assert legend == ["MARS-approx, gamma 0.025", "MARS-approx, gamma 0.025, lr 10: diverged at step 2"]
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    assert axes.get_legend().get_window_extent(renderer).width <= axes.get_window_extent(renderer).width
+    # The blow-up on the top edge, above every healthy point: the lowest marker is the best healthy point.
+    [blow_up] = [line for line in axes.lines if line.get_marker() == "^"]
+    assert (blow_up.get_xdata().tolist(), blow_up.get_ydata().tolist()) == ([10.0], [1.0])
+    assert blow_up.get_transform() == axes.get_xaxis_transform()
+    healthy_means = axes.containers[0].lines[0].get_ydata()
+    assert axes.get_ylim()[0] <= min(healthy_means) < max(healthy_means) <= axes.get_ylim()[1]
     [note] = axes.texts
-    assert note.get_text().splitlines()[1:] == [
+    assert note.get_text().replace("\n  ", " ").splitlines()[1:] == [  # one entry each, wrapped to the axes
         f"MARS-approx, gamma -0.1, lr {lr}: optimizer.gamma must be >= 0, got -0.1" for lr in ("0.001", "0.003", "10")]
     plt.close(figure)
     figure = panel_figure(next(iter(sweep_lines(runs, "gamma").values())), "gamma", "gamma")
@@ -243,8 +283,10 @@ def test_a_sweep_with_a_finite_blow_up_and_a_refused_gamma_gives_a_table_and_fig
     axes = figure.axes[0]
     assert axes.get_ylim()[1] < initial + 0.1  # the healthy runs' range, from step 0 down
     [triangles] = [line for line in axes.lines if line.get_marker() == "^"]
-    assert triangles.get_xdata().size == 1 and [text.get_text() for text in axes.texts] == [
-        f"{CLIPPED_NOTE} (up to {val_losses(blown)[2]:.4g})"]
+    assert triangles.get_xdata().size == 1 and [text.get_text() for text in axes.texts] == ["\n".join(
+        [f"{CLIPPED_NOTE} (up to {val_losses(blown)[2]:.4g})", NOT_DRAWN_NOTE,
+         *(f"MARS-approx, gamma=-0.1, lr={lr} (refused) (no evaluation)" for lr in ("0.001", "0.003", "10.0"))])]
+    assert len(axes.get_legend().get_texts()) == 3  # the refused points, which draw nothing, have no entry
     plt.close(figure)
 
     # Followed with a lower lr, the advice trains the point in its directory, and it fails no more.
