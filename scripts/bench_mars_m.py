@@ -10,7 +10,7 @@ two things:
   directions as the updates (the exact scheme's look-ahead stash included, as a trainer calls it);
 * the whole step, Newton-Schulz in ``--ns-dtype`` included.
 
-Parameters are grouped as the trainer groups them for these optimizers (``training.registry.matrix_rule_groups``):
+Parameters are grouped as the trainer groups them for these optimizers (``configs.registry.matrix_rule_groups``):
 the matrices of the blocks take the matrix rule, the token and position embeddings and the 1-D tensors AdamW;
 Muon, as its authors ran it, orthogonalises every matrix (the embeddings too) and gives the 1-D tensors AdamW.
 The two paths of an optimizer step the same parameters, interleaved, after ``--warmup`` untimed steps each.

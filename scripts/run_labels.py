@@ -14,8 +14,8 @@ from collections.abc import Collection
 from pathlib import Path
 
 from configs.models import GPT2_SHAPES
+from configs.registry import OPTIMIZERS
 from data.corpora import CUSTOM, EMBEDDED
-from training.registry import OPTIMIZERS
 
 MODEL_SIZES = {shape: size for size, shape in GPT2_SHAPES.items()}
 SIZE_ORDER = tuple(GPT2_SHAPES)

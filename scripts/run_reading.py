@@ -28,10 +28,11 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from configs.schema import DataConfig, ModelConfig, TrainConfig, register_configs
+from configs.compose import register_configs
+from configs.registry import OPTIMIZERS
+from configs.schema import DataConfig, ModelConfig, TrainConfig
 from scripts.run_labels import code_label, corpus_of, model_label, nominal_tokens, optimizer_label, without_defaults
 from training.metrics import METRICS_FILE, read_metrics
-from training.registry import OPTIMIZERS
 # What train.py writes into a run that was refused, diverged or failed otherwise: {kind, reason, step, overrides, time}.
 from training.sweep import FAILURE_FILE
 

@@ -113,3 +113,56 @@ def test_train_py_starts_without_importing_zero_which_only_a_zero1_run_needs():
     imported = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120,
                               check=True)
     assert imported.stdout.strip() == "False"
+
+
+def import_graph(level) -> dict[str, set[str]]:
+    """Which of the product's modules import which, at their top or inside a function, each named by ``level``
+    (its package, or the module itself)."""
+    modules = product_modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                # `from mars import reference` imports the module mars.reference (mars's __init__ is already running
+                # when one of its modules does this); `from mars import MARS` imports mars's __init__.
+                submodules = {f"{node.module}.{alias.name}" for alias in node.names} & modules.keys()
+                imported.update(submodules or {node.module})
+        targets = {level(module) for module in imported if module in modules}
+        graph.setdefault(level(name), set()).update(targets - {level(name)})
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle of ``graph`` (each found once, from its first node in a depth-first walk)."""
+    found, done = [], set()
+
+    def walk(node, path):
+        for target in sorted(graph.get(node, ())):
+            if target in path:
+                found.append(path[path.index(target):] + [target])
+            elif target not in done:
+                walk(target, path + [target])
+        done.add(node)
+
+    for node in sorted(graph):
+        if node not in done:
+            walk(node, [node])
+    return found
+
+
+def package_of(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_the_packages_import_one_way_without_a_circle():
+    # configs/schema.py once imported the optimizer rows inside a function, which import the schema.
+    assert circles(import_graph(package_of)) == []
+    assert circles(import_graph(lambda module: module)) == []
+
+
+def test_the_circle_check_finds_a_circle():
+    assert circles({"configs": {"training"}, "training": {"configs", "mars"}, "mars": set()}) == [
+        ["configs", "training", "configs"]]

@@ -11,6 +11,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
+from configs.registry import OPTIMIZERS
 from configs.schema import lr_decay_end
 from data.authors_draws import AuthorsDraws
 from training.checkpoint import CheckpointReadError, latest_checkpoint, set_aside_checkpoints_after
@@ -18,7 +19,6 @@ from training.distributed import DistributedContext, all_gather_objects
 from training.optimizers import local_optimizer
 from training.runtime import set_rng_state
 from training.summary import Progress
-from training.registry import OPTIMIZERS
 from training.run_dir import RunDirectoryError
 from training.sweep import in_sweep
 

@@ -2,8 +2,8 @@
 import logging
 import math
 
+from configs.registry import optimizer_entry
 from configs.schema import LrSchedule
-from training.registry import optimizer_entry
 
 log = logging.getLogger(__name__)
 

@@ -117,6 +117,13 @@ def test_every_exported_optimizer_is_covered():
     assert {MARS, Muon, MarsM} <= covered
 
 
+def test_every_optimizer_of_a_module_of_mars_imports_from_mars():
+    # `from mars import <Name>` for a new rule in mars/<name>.py, without a line in mars/__init__.py.
+    assert all(getattr(mars, cls.__name__) is cls for cls in optimizers_of_mars())
+    with pytest.raises(AttributeError, match="has no attribute 'NoSuchOptimizer'"):
+        mars.NoSuchOptimizer  # noqa: B018
+
+
 def stepped_twice(cls, options):
     """Parameters, ``cls(params, **options)`` after two steps on them, and a copy of its state dict then."""
     params = new_params()

@@ -4,10 +4,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from configs.schema import register_configs
+from configs.compose import register_configs
+from configs.registry import newton_schulz_dtype, param_groups
 from model import GPT, GPTConfig
 from training.optimizers import build_optimizer, optimizer_class_and_arguments
-from training.registry import newton_schulz_dtype, param_groups
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 OPTIMIZERS = sorted(p.stem for p in Path(CONFIG_DIR, "optimizer").glob("*.yaml"))

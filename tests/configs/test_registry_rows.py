@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from configs.compose import CONFIG_DIR, compose_config
-from configs.schema import ConfigError, register_configs, validate
-from training.registry import OPTIMIZERS
+from configs.compose import CONFIG_DIR, compose_config, register_configs, validate
+from configs.registry import OPTIMIZERS
+from configs.schema import ConfigError
 from tests import warm_python
 from tests.training.optimizer_configs import registered_configs
 
