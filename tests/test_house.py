@@ -1,6 +1,7 @@
 """The shape the code keeps so that the next contributor can read it: a training loop in one screen, without
 closures, and a README a newcomer finishes (details live in docs/)."""
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -79,12 +80,24 @@ def product_modules() -> dict[str, Path]:
     return modules
 
 
+@functools.cache
+def defined_in(package: str) -> dict[str, str]:
+    """The module of ``package`` that defines each top-level class or function (``from mars import ADOPT`` imports
+    mars.adopt, which mars/__init__.py finds when asked)."""
+    return {node.name: f"{package}.{path.stem}" for path in (REPO / package).glob("*.py")
+            for node in ast.parse(path.read_text()).body if isinstance(node, (ast.ClassDef, ast.FunctionDef))}
+
+
 def named_modules(path: Path) -> set[str]:
-    """The modules a file imports (`from scripts import x` names scripts.x) or runs (`-m scripts.x`, train.py)."""
+    """The modules a file imports (`from scripts import x` names scripts.x, `from mars import ADOPT` the module of mars
+    defining it) or runs (`-m scripts.x`, train.py)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
             names.update({node.module, *(f"{node.module}.{alias.name}" for alias in node.names)})
+            if node.module in PRODUCT_PACKAGES:
+                definitions = defined_in(node.module)
+                names.update(definitions[alias.name] for alias in node.names if alias.name in definitions)
     text = path.read_text()
     words = re.findall(rf"\b(?:{'|'.join(PRODUCT_PACKAGES)})[./]\w+", text)
     run = {"train"} if "train.py" in text else set()
