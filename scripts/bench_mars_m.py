@@ -25,8 +25,8 @@ from unittest import mock
 import torch
 
 from mars import MarsM, MarsMEfficient, Moonlight, Muon, mars_m, muon
+from reporting.bench_report import run_record, write_report
 from scripts.bench_optimizer import gpt2_shapes, make_params, make_timer, step_of
-from scripts.bench_report import run_record, write_report
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 OPTIMIZERS = {  # label: optimizer of GPT-2's parameters (in gpt2_shapes order), grouped as the trainer groups them

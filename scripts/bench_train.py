@@ -30,7 +30,7 @@ from configs.registry import OPTIMIZERS as REGISTRY
 from configs.schema import COMPILE_MODES, Precision
 from data.loader import build_batches
 from model import GPT, GPTConfig
-from scripts.bench_report import run_record, write_report
+from reporting.bench_report import run_record, write_report
 from training.optimizers import build_optimizer
 from training.runtime import autocast_context, peak_flops, resolve_dtype
 

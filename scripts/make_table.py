@@ -39,12 +39,12 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from configs.registry import OPTIMIZERS
-from scripts.figures import unwritable_output
-from scripts.run_labels import (display_corpus, display_model, display_optimizer, optimizer_order, size_order,
+from reporting.figures import unwritable_output
+from reporting.run_labels import (display_corpus, display_model, display_optimizer, optimizer_order, size_order,
                                 tokens_label)
-from scripts.run_reading import Run
-from scripts.run_selection import Setting, find_run_dirs, group_settings, readable_runs, short_name, where_stopped
-from scripts.target_loss import target_table
+from reporting.run_reading import Run
+from reporting.run_selection import Setting, find_run_dirs, group_settings, readable_runs, short_name, where_stopped
+from reporting.target_loss import target_table
 
 # Best validation loss on OpenWebText: Yuan et al., "MARS: Unleashing the Power of Variance Reduction for
 # Training Large Models", ICML 2025, arXiv 2411.10438, as tabulated in the README of AGI-Arena/MARS.

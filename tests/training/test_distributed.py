@@ -15,7 +15,7 @@ import torch
 
 from configs.compose import CONFIG_DIR, compose_config
 from configs.registry import OPTIMIZERS
-from scripts.run_reading import load_run
+from reporting.run_reading import load_run
 from training.metrics import read_metrics
 from tests import warm_python
 from tests.training.optimizer_configs import registered_configs

@@ -17,8 +17,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts.run_labels import data_label, nominal_tokens, short_corpus_names
-from scripts.run_reading import RUN_FILES, OlderVersionRun, Run, UnreadableRun, data_size, is_run_dir, load_run
+from reporting.run_labels import data_label, nominal_tokens, short_corpus_names
+from reporting.run_reading import RUN_FILES, OlderVersionRun, Run, UnreadableRun, data_size, is_run_dir, load_run
 from training.resume import flat_items
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 from configs.compose import register_configs
 from configs.registry import OPTIMIZERS
 from configs.schema import DataConfig, ModelConfig, TrainConfig
-from scripts.run_labels import code_label, corpus_of, model_label, nominal_tokens, optimizer_label, without_defaults
+from reporting.run_labels import code_label, corpus_of, model_label, nominal_tokens, optimizer_label, without_defaults
 from training.metrics import METRICS_FILE, read_metrics
 # What train.py writes into a run that was refused, diverged or failed otherwise: {kind, reason, step, overrides, time}.
 from training.sweep import FAILURE_FILE
