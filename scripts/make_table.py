@@ -15,7 +15,7 @@ whose last logged step is short of its max_iters (preempted and never resumed, k
 diverged or failed (``failure.json``) has a row of its own marked failed, with its reason; two runs of one
 setting with the same seed count once (the table says which it kept and why). With ``--target-loss X``, a third
 table gives the tokens and training time each setting took to reach validation loss X (see
-scripts/target_loss.py). The table is printed and written to ``--out``, by default ``val_loss_table.md`` in the
+reporting/target_loss.py). The table is printed and written to ``--out``, by default ``val_loss_table.md`` in the
 deepest directory holding every run and export.
 
 Two kinds of figure stand at a budget B such as 5B tokens, in rows of their own: that of separate runs configured

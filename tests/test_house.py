@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 LOOP_LINES = 110  # the loop's def to its last line, docstring included
 README_LINES = 250
 RUN_MODULE_LINES = 350  # each of the tables' reader's modules: a subject read in one sitting
-PRODUCT_PACKAGES = ("mars", "model", "data", "configs", "training", "evaluation", "scripts")
+PRODUCT_PACKAGES = ("mars", "model", "data", "configs", "training", "evaluation", "reporting", "scripts")
 
 
 def test_the_training_loop_reads_in_one_screen_and_train_py_defines_no_closures():
@@ -50,11 +50,18 @@ def test_nothing_the_training_loop_runs_imports_the_after_training_evaluation():
 def test_the_tables_reader_stays_three_modules_each_read_in_one_sitting_importing_one_way():
     # Reading a run, choosing which runs count, and labelling them were one 720-line module once.
     modules = ("run_labels", "run_reading", "run_selection")  # each imports only those before it
-    lengths = {name: len((REPO / "scripts" / f"{name}.py").read_text().splitlines()) for name in modules}
+    lengths = {name: len((REPO / "reporting" / f"{name}.py").read_text().splitlines()) for name in modules}
     assert all(length <= RUN_MODULE_LINES for length in lengths.values()), lengths
     backward = {f"{name} imports {later}" for i, name in enumerate(modules) for later in modules[i:]
-                if f"scripts.{later}" in imported_modules(REPO / "scripts" / f"{name}.py")}
+                if f"reporting.{later}" in imported_modules(REPO / "reporting" / f"{name}.py")}
     assert backward == set()
+
+
+def test_scripts_holds_entry_points_people_run():
+    # What the entry points share lives in reporting/ (or the package of its subject), not beside them.
+    not_run = [path.name for path in (REPO / "scripts").glob("*.py")
+               if 'if __name__ == "__main__":' not in path.read_text()]
+    assert not_run == []
 
 
 def marked_slow(node: ast.AST) -> bool:
