@@ -18,8 +18,9 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from configs.compose import UnknownConfigKey, refuse_unknown_config_keys
-from configs.schema import Draws, grad_accum_steps_for, lr_decay_end, register_configs, validate
+from configs.compose import UnknownConfigKey, refuse_unknown_config_keys, register_configs, validate
+from configs.registry import optimizer_entry
+from configs.schema import Draws, grad_accum_steps_for, lr_decay_end
 from configs.user_dirs import ConfigSyntaxError, refuse_config_syntax_errors
 from data.corpora import take_data_dir_as_custom
 from data.loader import TokenBatches, build_batches, draw_as_the_authors
@@ -35,7 +36,6 @@ from training.metrics import MetricsLogger, StepWindow, default_run_name, read_m
 from training.optimizers import build_optimizer, local_optimizer, state_bytes
 from training.preemption import PreemptionSignal, refuse_if_terminated
 from training.provenance import code_on_every_rank, launch_record
-from training.registry import optimizer_entry
 from training.resume import Resumed, resume_run
 from training.run_checkpoint import save_run_checkpoint
 from training.run_dir import RunDirectoryLock, locked_run_directory, register_run_dir_resolver, write_hydra_record

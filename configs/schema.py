@@ -2,16 +2,14 @@
 
 Hydra merges every YAML file into these dataclasses, so an unknown key or a value of the wrong type stops the
 run at start with a message naming the key. Checks that need more than a type (ranges, cross-field rules)
-live in ``validate``.
+live in ``configs.compose.validate``, which also knows every optimizer's row (configs/registry.py).
 """
-import dataclasses
 import difflib
 import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar, Optional
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 
@@ -273,56 +271,13 @@ class Config:
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
-def optimizer_rows() -> dict:
-    """Every optimizer's row in the registry (training/registry.py) by its name: its schema, its config check, its
-    ``train.*`` defaults. A new optimizer joins with its row, its schema defined there or here. (Imported when
-    called: the registry imports the dataclasses of this module.)"""
-    from training.registry import OPTIMIZERS
-
-    return OPTIMIZERS
-
-
-def register_configs() -> None:
-    """The schemas, for Hydra to merge the YAML into. (The default run directory, ``${unique_run_dir:...}``, is
-    resolved by train.py: ``training.run_dir.register_run_dir_resolver``.)
-
-    Each optimizer's YAML types itself with ``/optimizer_<name>_schema``, which also sets the ``train.*`` defaults of
-    its registry row: after the schema's own, before an experiment's and the command line's, which override them.
-    """
-    store = ConfigStore.instance()
-    store.store(name="config_schema", node=Config)
-    # Outside the optimizer group, so that Hydra's choices and --help offer only optimizers that train.
-    for name, entry in optimizer_rows().items():
-        store.store(name=f"optimizer_{name}_fields", node=entry.schema)
-        store.store(name=f"optimizer_{name}_train_defaults", node={"train": dict(entry.train_defaults)})
-        store.store(name=f"optimizer_{name}_schema", node={"defaults": [
-            f"/optimizer_{name}_fields@_here_", f"/optimizer_{name}_train_defaults@_global_", "_self_"]})
-
-
 class ConfigError(ValueError):
     """A config value out of range; the message names the key and the fix."""
 
 
-def _require(condition: bool, message: str) -> None:
+def require(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)
-
-
-def check_known_keys(cfg) -> None:
-    """Refuse keys that no schema knows, however they were added (``+optimizer.gama=0.1`` merges silently)."""
-    name, rows = cfg.optimizer.get("name"), optimizer_rows()
-    _require(name in rows, f"unknown optimizer.name {name!r}: the optimizers are "
-             f"{', '.join(rows)} (optimizer=<one of configs/optimizer/>)")
-    sections = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "wandb": WandbConfig,
-                "optimizer": rows[name].schema}
-    for key in cfg:
-        _require(key in sections, f"unknown config key {key!r}: the top-level keys are {', '.join(sections)}")
-    for section, schema in sections.items():
-        if schema is None or section not in cfg:
-            continue
-        known = [f.name for f in dataclasses.fields(schema)]
-        for key in cfg[section]:
-            _require(key in known, unknown_key_message(section, key, known))
 
 
 def unknown_key_message(section: str, key: str, known: list[str], where: str = "") -> str:
@@ -338,8 +293,8 @@ def check_finite(cfg) -> None:
     for section in ("model", "train", "optimizer"):
         for key, value in cfg[section].items():
             numbers = value if OmegaConf.is_list(value) else [value]
-            _require(all(not isinstance(x, float) or math.isfinite(x) for x in numbers),
-                     f"{section}.{key}={value} is not a finite number: give it a finite value")
+            require(all(not isinstance(x, float) or math.isfinite(x) for x in numbers),
+                    f"{section}.{key}={value} is not a finite number: give it a finite value")
 
 
 def check_optimizer_hyperparameters(o) -> None:
@@ -347,12 +302,12 @@ def check_optimizer_hyperparameters(o) -> None:
     naming the key, not by the constructor once the data has loaded. An optimizer's own keys: its row's ``check``."""
     for key, value in o.items():
         if key.endswith(("betas", "betas_1d")):
-            _require(len(value) == 2 and all(0.0 <= beta < 1.0 for beta in value),
-                     f"optimizer.{key} must be a pair [beta1, beta2] with 0 <= beta < 1, got {list(value)}")
+            require(len(value) == 2 and all(0.0 <= beta < 1.0 for beta in value),
+                    f"optimizer.{key} must be a pair [beta1, beta2] with 0 <= beta < 1, got {list(value)}")
         elif key == "momentum":
-            _require(0.0 <= value < 1.0, f"optimizer.momentum must be in [0, 1), got {value}")
+            require(0.0 <= value < 1.0, f"optimizer.momentum must be in [0, 1), got {value}")
         elif key.endswith(("eps", "weight_decay", "weight_decay_1d", "gamma", "_lr")) or key.startswith("lr_"):
-            _require(value >= 0.0, f"optimizer.{key} must be >= 0, got {value}")
+            require(value >= 0.0, f"optimizer.{key} must be >= 0, got {value}")
 
 
 def check_model(m) -> None:
@@ -363,64 +318,6 @@ def check_model(m) -> None:
         GPTConfig(**OmegaConf.to_container(m))
     except ValueError as err:
         raise ConfigError(f"model.{err}") from None
-
-
-def validate(cfg) -> None:
-    """Range and cross-field checks that the types alone cannot express."""
-    check_known_keys(cfg)
-    check_finite(cfg)
-    m, t, o = cfg.model, cfg.train, cfg.optimizer
-    check_model(m)
-    for key in ("batch_size", "block_size", "grad_accum_steps", "max_iters", "eval_interval", "eval_iters",
-                "log_interval", "checkpoint_interval", "keep_checkpoints"):
-        _require(t[key] > 0, f"train.{key} must be a positive integer, got {t[key]}")
-    _require(
-        t.block_size <= m.block_size,
-        f"train.block_size ({t.block_size}) exceeds the model's context model.block_size ({m.block_size}): "
-        "lower train.block_size or raise model.block_size",
-    )
-    _require(t.global_batch_size is None or (t.global_batch_size > 0 and t.global_batch_size % t.batch_size == 0),
-             f"train.global_batch_size ({t.global_batch_size}) must be a positive multiple of train.batch_size "
-             f"({t.batch_size})")
-    _require(t.warmup_iters >= 0, f"train.warmup_iters must be >= 0, got {t.warmup_iters}")
-    decay_iters = lr_decay_end(t)
-    # A run shorter than its warmup (a smoke test) never reaches the decay; otherwise the decay must end after it.
-    _require(decay_iters > t.warmup_iters or t.warmup_iters >= t.max_iters or t.lr_schedule == LrSchedule.constant,
-             f"the lr decay must end after warmup: train.decay_iters ({decay_iters}) <= train.warmup_iters "
-             f"({t.warmup_iters}); lower train.warmup_iters or raise train.decay_iters")
-    _require(0.0 < t.decay_fraction <= 1.0, f"train.decay_fraction must be in (0, 1], got {t.decay_fraction}")
-    _require(t.hellaswag_interval >= 0, f"train.hellaswag_interval must be >= 0 (0: none), got {t.hellaswag_interval}")
-    _require(t.hellaswag_items is None or t.hellaswag_items > 0,
-             f"train.hellaswag_items must be positive or null (all), got {t.hellaswag_items}")
-    _require(t.loss_chunk_size >= 0, f"train.loss_chunk_size must be >= 0 tokens (0: the plain loss), got "
-             f"{t.loss_chunk_size}")
-    _require(t.compile_mode in COMPILE_MODES,
-             f"train.compile_mode must be one of {', '.join(COMPILE_MODES)}, got {t.compile_mode!r}")
-    _require(t.compile or t.compile_mode == "default",
-             f"train.compile_mode={t.compile_mode} is torch.compile's mode: set train.compile=true with it")
-    _require(t.distributed_timeout_s > 0,
-             f"train.distributed_timeout_s must be > 0 seconds, got {t.distributed_timeout_s}")
-    _require(t.max_skipped_steps >= 0, f"train.max_skipped_steps must be >= 0, got {t.max_skipped_steps}")
-    _require(t.diverged_val_loss_ratio >= 1.0, f"train.diverged_val_loss_ratio must be >= 1 (1: a val loss above "
-             f"the untrained model's), got {t.diverged_val_loss_ratio}")
-    _require(t.grad_clip >= 0.0, f"train.grad_clip must be >= 0 (0 disables it), got {t.grad_clip}")
-    _require(t.grad_multiplier > 0.0, f"train.grad_multiplier must be positive (1: the mean gradient), got "
-             f"{t.grad_multiplier}")
-    _require(o.lr > 0.0, f"optimizer.lr must be positive, got {o.lr}")
-    _require(0.0 <= t.min_lr <= o.lr, f"train.min_lr ({t.min_lr}) must lie in [0, optimizer.lr={o.lr}]")
-    for key in optimizer_rows()[o.name].schema.part_lrs:
-        _require(t.min_lr <= o[key], f"train.min_lr ({t.min_lr}) must not exceed optimizer.{key} ({o[key]}): "
-                 f"every part of {o.name} decays to train.min_lr")
-    check_optimizer_hyperparameters(o)
-    optimizer_rows()[o.name].check(o)
-    _require(t.eval_sampling == EvalSampling.fixed or cfg.data.sampling != Sampling.sequential,
-             "train.eval_sampling=fresh draws random validation windows, which data.sampling=sequential does not "
-             "serve: use train.eval_sampling=fixed, or data.sampling=random")
-    _require(cfg.data.draws == Draws.keyed or t.eval_sampling == EvalSampling.fresh,
-             "data.draws=authors draws new validation windows at every evaluation, as their trainer: set "
-             "train.eval_sampling=fresh with it")
-    _require(cfg.data.name != "custom" or cfg.data.dir is not None,
-             "data=custom needs data.dir=/path/to/shards (made by `python -m data.prepare files ... --out DIR`)")
 
 
 def lr_decay_end(t) -> int:
@@ -434,12 +331,12 @@ def grad_accum_steps_for(t, world_size: int) -> int:
     if t.global_batch_size is None:
         return t.grad_accum_steps
     per_micro_step = t.batch_size * world_size
-    _require(t.global_batch_size % per_micro_step == 0,
-             f"train.global_batch_size ({t.global_batch_size}) is not a multiple of train.batch_size "
-             f"({t.batch_size}) x {world_size} process(es) = {per_micro_step}: change train.batch_size or the "
-             "number of processes")
+    require(t.global_batch_size % per_micro_step == 0,
+            f"train.global_batch_size ({t.global_batch_size}) is not a multiple of train.batch_size "
+            f"({t.batch_size}) x {world_size} process(es) = {per_micro_step}: change train.batch_size or the "
+            "number of processes")
     derived = t.global_batch_size // per_micro_step
-    _require(t.grad_accum_steps in (1, derived),
-             f"train.grad_accum_steps={t.grad_accum_steps} contradicts train.global_batch_size="
-             f"{t.global_batch_size} (which needs {derived} on {world_size} process(es)): set only one of them")
+    require(t.grad_accum_steps in (1, derived),
+            f"train.grad_accum_steps={t.grad_accum_steps} contradicts train.global_batch_size="
+            f"{t.global_batch_size} (which needs {derived} on {world_size} process(es)): set only one of them")
     return derived

@@ -287,6 +287,9 @@ class DispatchingOptimizer(torch.optim.Optimizer):
     LEARNING_RATES: tuple[str, ...] = ("lr",)
     # The learning rates of LEARNING_RATES that a group keeps as a ratio to its lr (ratio_key).
     FOLLOWING_LRS: tuple[str, ...] = ()
+    # Steps that only initialise state and leave the parameters where they are (ADOPT's first step sets its second
+    # moment): what a test expecting a step to move the weights reads.
+    STATE_ONLY_STEPS: int = 0
 
     def __init__(self, params, defaults: dict[str, Any], **options: Any):
         if options.get("foreach") is not None:
@@ -382,6 +385,25 @@ class DispatchingOptimizer(torch.optim.Optimizer):
         """Each parameter's state dict, to look up once per step and pass on: a lookup hashes the tensor in
         Python (``Tensor.__hash__``), too slow to repeat for every buffer of every parameter."""
         return [self.state[param] for param in params]
+
+
+class OneRuleOptimizer(DispatchingOptimizer):
+    """A :class:`DispatchingOptimizer` with one update rule for every tensor, whatever its shape (Lion, ADOPT):
+    a subclass gives its constructor (hyperparameters as ``defaults``), :meth:`_check_group` and :meth:`_update`,
+    the rule over a group's tensors that have a gradient."""
+
+    RULES = ("every_tensor",)
+
+    def _rule(self, param: Tensor, group: dict[str, Any]) -> str:
+        return "every_tensor"
+
+    def _step_group(self, group: dict[str, Any], *, every_tensor: list[Tensor]) -> None:
+        if every_tensor:
+            self._update(every_tensor, group)
+
+    def _update(self, params: list[Tensor], group: dict[str, Any]) -> None:
+        """Step ``params``, the group's tensors that have a gradient (their states: :meth:`_states`)."""
+        raise NotImplementedError
 
 
 class LookaheadGradient:

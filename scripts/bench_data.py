@@ -27,7 +27,7 @@ from data.loader import TokenBatches, load_split
 from data.prepare import files_source, prepare
 from data.shards import write_shard
 from data.tokenizer import GPT2_VOCAB_SIZE
-from scripts.bench_report import run_record, write_report
+from reporting.bench_report import run_record, write_report
 
 
 def bench_loader(directory: Path, sampling: Sampling, batch_size: int, block_size: int, batches: int,

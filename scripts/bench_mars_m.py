@@ -10,7 +10,7 @@ two things:
   directions as the updates (the exact scheme's look-ahead stash included, as a trainer calls it);
 * the whole step, Newton-Schulz in ``--ns-dtype`` included.
 
-Parameters are grouped as the trainer groups them for these optimizers (``training.registry.matrix_rule_groups``):
+Parameters are grouped as the trainer groups them for these optimizers (``configs.registry.matrix_rule_groups``):
 the matrices of the blocks take the matrix rule, the token and position embeddings and the 1-D tensors AdamW;
 Muon, as its authors ran it, orthogonalises every matrix (the embeddings too) and gives the 1-D tensors AdamW.
 The two paths of an optimizer step the same parameters, interleaved, after ``--warmup`` untimed steps each.
@@ -25,8 +25,8 @@ from unittest import mock
 import torch
 
 from mars import MarsM, MarsMEfficient, Moonlight, Muon, mars_m, muon
+from reporting.bench_report import run_record, write_report
 from scripts.bench_optimizer import gpt2_shapes, make_params, make_timer, step_of
-from scripts.bench_report import run_record, write_report
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 OPTIMIZERS = {  # label: optimizer of GPT-2's parameters (in gpt2_shapes order), grouped as the trainer groups them

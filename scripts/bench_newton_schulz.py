@@ -36,8 +36,8 @@ from torch.profiler import ProfilerActivity
 
 from mars.cuda_graph import CapturedLists
 from mars.newton_schulz import NS_FORMS, assign_owners, newton_schulz5, newton_schulz_flops, orthogonalise
+from reporting.bench_report import run_record, write_report
 from scripts.bench_optimizer import gpt2_shapes, make_timer
-from scripts.bench_report import run_record, write_report
 
 WORLD_SIZES = (2, 4, 8)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}

@@ -32,7 +32,7 @@ import torch
 
 from configs.models import GPT2_SHAPES
 from mars import MARS, available_backends
-from scripts.bench_report import run_record, write_report
+from reporting.bench_report import run_record, write_report
 
 # (layers, width) of the GPT-2 family; vocabulary padded to 50304 and 1024 positions, no biases (nanoGPT).
 MODEL_SIZES = {size: (n_layer, n_embd) for size, (n_layer, _, n_embd) in GPT2_SHAPES.items()}

@@ -26,12 +26,12 @@ import torch
 from omegaconf import OmegaConf
 
 from configs.compose import CONFIG_DIR, compose_config
+from configs.registry import OPTIMIZERS as REGISTRY
 from configs.schema import COMPILE_MODES, Precision
 from data.loader import build_batches
 from model import GPT, GPTConfig
-from scripts.bench_report import run_record, write_report
+from reporting.bench_report import run_record, write_report
 from training.optimizers import build_optimizer
-from training.registry import OPTIMIZERS as REGISTRY
 from training.runtime import autocast_context, peak_flops, resolve_dtype
 
 CUDA_GRAPH = "optimizer.ns_cuda_graph=true"  # Newton-Schulz replayed as one CUDA graph per step: CUDA only

@@ -19,8 +19,8 @@ import triton
 from triton.testing import do_bench
 
 from mars import torch_backend, triton_backend
+from reporting.bench_report import run_record, write_report
 from scripts.bench_optimizer import MODEL_SIZES, gpt2_shapes, make_params
-from scripts.bench_report import run_record, write_report
 
 # Bytes each path moves per parameter element, float32 throughout.
 BYTES_PER_ELEMENT = {

@@ -45,7 +45,7 @@ from mars import reference
 from mars.group_steps import LIST_MARS_TYPES
 from mars.optimizer import available_backends
 from model import GPT, GPTConfig
-from scripts.bench_report import run_record, write_report
+from reporting.bench_report import run_record, write_report
 from training.optimizers import build_optimizer
 from training.provenance import checkout_commit
 from training.schedule import apply_schedule, learning_rate

@@ -38,8 +38,8 @@ import torch
 
 from data.embedded import prepare_embedded
 from data.shards import read_shard, write_shard
+from reporting.bench_report import run_record, write_report
 from scripts.authors_trainer_runner import PatchError, check_patches
-from scripts.bench_report import run_record, write_report
 from training.metrics import read_metrics
 from training.provenance import checkout_commit
 

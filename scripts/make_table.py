@@ -15,7 +15,7 @@ whose last logged step is short of its max_iters (preempted and never resumed, k
 diverged or failed (``failure.json``) has a row of its own marked failed, with its reason; two runs of one
 setting with the same seed count once (the table says which it kept and why). With ``--target-loss X``, a third
 table gives the tokens and training time each setting took to reach validation loss X (see
-scripts/target_loss.py). The table is printed and written to ``--out``, by default ``val_loss_table.md`` in the
+reporting/target_loss.py). The table is printed and written to ``--out``, by default ``val_loss_table.md`` in the
 deepest directory holding every run and export.
 
 Two kinds of figure stand at a budget B such as 5B tokens, in rows of their own: that of separate runs configured
@@ -38,13 +38,13 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from scripts.figures import unwritable_output
-from scripts.run_labels import (display_corpus, display_model, display_optimizer, optimizer_order, size_order,
+from configs.registry import OPTIMIZERS
+from reporting.figures import unwritable_output
+from reporting.run_labels import (display_corpus, display_model, display_optimizer, optimizer_order, size_order,
                                 tokens_label)
-from scripts.run_reading import Run
-from scripts.run_selection import Setting, find_run_dirs, group_settings, readable_runs, short_name, where_stopped
-from scripts.target_loss import target_table
-from training.registry import OPTIMIZERS
+from reporting.run_reading import Run
+from reporting.run_selection import Setting, find_run_dirs, group_settings, readable_runs, short_name, where_stopped
+from reporting.target_loss import target_table
 
 # Best validation loss on OpenWebText: Yuan et al., "MARS: Unleashing the Power of Variance Reduction for
 # Training Large Models", ICML 2025, arXiv 2411.10438, as tabulated in the README of AGI-Arena/MARS.

@@ -34,11 +34,11 @@ matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scripts.figures import plot_command  # noqa: E402
-from scripts.run_labels import (display_corpus, display_model, display_optimizer, numeric_order,  # noqa: E402
+from reporting.figures import plot_command  # noqa: E402
+from reporting.run_labels import (display_corpus, display_model, display_optimizer, numeric_order,  # noqa: E402
                                 optimizer_order, tokens_label)
-from scripts.run_reading import Run, training_seconds  # noqa: E402
-from scripts.run_selection import (Setting, group_settings, setting_differences, setting_labels,  # noqa: E402
+from reporting.run_reading import Run, training_seconds  # noqa: E402
+from reporting.run_selection import (Setting, group_settings, setting_differences, setting_labels,  # noqa: E402
                                    where_stopped)
 
 log = logging.getLogger(__name__)

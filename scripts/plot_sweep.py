@@ -32,11 +32,11 @@ matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from scripts.figures import plot_command  # noqa: E402
-from scripts.run_labels import (display_corpus, display_model, display_optimizer, numeric_order,  # noqa: E402
+from reporting.figures import plot_command  # noqa: E402
+from reporting.run_labels import (display_corpus, display_model, display_optimizer, numeric_order,  # noqa: E402
                                 optimizer_order, tokens_label)
-from scripts.run_reading import Run  # noqa: E402
-from scripts.run_selection import Setting, group_settings, where_stopped  # noqa: E402
+from reporting.run_reading import Run  # noqa: E402
+from reporting.run_selection import Setting, group_settings, where_stopped  # noqa: E402
 
 log = logging.getLogger(__name__)
 SWEPT = {"lr": "learning rate", "gamma": "gamma (MARS)"}

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from scripts.run_reading import load_run
+from reporting.run_reading import load_run
 from training.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]

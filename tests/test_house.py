@@ -1,6 +1,7 @@
 """The shape the code keeps so that the next contributor can read it: a training loop in one screen, without
 closures, and a README a newcomer finishes (details live in docs/)."""
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -10,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 LOOP_LINES = 110  # the loop's def to its last line, docstring included
 README_LINES = 250
 RUN_MODULE_LINES = 350  # each of the tables' reader's modules: a subject read in one sitting
-PRODUCT_PACKAGES = ("mars", "model", "data", "configs", "training", "evaluation", "scripts")
+PRODUCT_PACKAGES = ("mars", "model", "data", "configs", "training", "evaluation", "reporting", "scripts")
 
 
 def test_the_training_loop_reads_in_one_screen_and_train_py_defines_no_closures():
@@ -49,11 +50,18 @@ def test_nothing_the_training_loop_runs_imports_the_after_training_evaluation():
 def test_the_tables_reader_stays_three_modules_each_read_in_one_sitting_importing_one_way():
     # Reading a run, choosing which runs count, and labelling them were one 720-line module once.
     modules = ("run_labels", "run_reading", "run_selection")  # each imports only those before it
-    lengths = {name: len((REPO / "scripts" / f"{name}.py").read_text().splitlines()) for name in modules}
+    lengths = {name: len((REPO / "reporting" / f"{name}.py").read_text().splitlines()) for name in modules}
     assert all(length <= RUN_MODULE_LINES for length in lengths.values()), lengths
     backward = {f"{name} imports {later}" for i, name in enumerate(modules) for later in modules[i:]
-                if f"scripts.{later}" in imported_modules(REPO / "scripts" / f"{name}.py")}
+                if f"reporting.{later}" in imported_modules(REPO / "reporting" / f"{name}.py")}
     assert backward == set()
+
+
+def test_scripts_holds_entry_points_people_run():
+    # What the entry points share lives in reporting/ (or the package of its subject), not beside them.
+    not_run = [path.name for path in (REPO / "scripts").glob("*.py")
+               if 'if __name__ == "__main__":' not in path.read_text()]
+    assert not_run == []
 
 
 def marked_slow(node: ast.AST) -> bool:
@@ -79,12 +87,24 @@ def product_modules() -> dict[str, Path]:
     return modules
 
 
+@functools.cache
+def defined_in(package: str) -> dict[str, str]:
+    """The module of ``package`` that defines each top-level class or function (``from mars import ADOPT`` imports
+    mars.adopt, which mars/__init__.py finds when asked)."""
+    return {node.name: f"{package}.{path.stem}" for path in (REPO / package).glob("*.py")
+            for node in ast.parse(path.read_text()).body if isinstance(node, (ast.ClassDef, ast.FunctionDef))}
+
+
 def named_modules(path: Path) -> set[str]:
-    """The modules a file imports (`from scripts import x` names scripts.x) or runs (`-m scripts.x`, train.py)."""
+    """The modules a file imports (`from scripts import x` names scripts.x, `from mars import ADOPT` the module of mars
+    defining it) or runs (`-m scripts.x`, train.py)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
             names.update({node.module, *(f"{node.module}.{alias.name}" for alias in node.names)})
+            if node.module in PRODUCT_PACKAGES:
+                definitions = defined_in(node.module)
+                names.update(definitions[alias.name] for alias in node.names if alias.name in definitions)
     text = path.read_text()
     words = re.findall(rf"\b(?:{'|'.join(PRODUCT_PACKAGES)})[./]\w+", text)
     run = {"train"} if "train.py" in text else set()
@@ -113,3 +133,56 @@ def test_train_py_starts_without_importing_zero_which_only_a_zero1_run_needs():
     imported = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120,
                               check=True)
     assert imported.stdout.strip() == "False"
+
+
+def import_graph(level) -> dict[str, set[str]]:
+    """Which of the product's modules import which, at their top or inside a function, each named by ``level``
+    (its package, or the module itself)."""
+    modules = product_modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                # `from mars import reference` imports the module mars.reference (mars's __init__ is already running
+                # when one of its modules does this); `from mars import MARS` imports mars's __init__.
+                submodules = {f"{node.module}.{alias.name}" for alias in node.names} & modules.keys()
+                imported.update(submodules or {node.module})
+        targets = {level(module) for module in imported if module in modules}
+        graph.setdefault(level(name), set()).update(targets - {level(name)})
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle of ``graph`` (each found once, from its first node in a depth-first walk)."""
+    found, done = [], set()
+
+    def walk(node, path):
+        for target in sorted(graph.get(node, ())):
+            if target in path:
+                found.append(path[path.index(target):] + [target])
+            elif target not in done:
+                walk(target, path + [target])
+        done.add(node)
+
+    for node in sorted(graph):
+        if node not in done:
+            walk(node, [node])
+    return found
+
+
+def package_of(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_the_packages_import_one_way_without_a_circle():
+    # configs/schema.py once imported the optimizer rows inside a function, which import the schema.
+    assert circles(import_graph(package_of)) == []
+    assert circles(import_graph(lambda module: module)) == []
+
+
+def test_the_circle_check_finds_a_circle():
+    assert circles({"configs": {"training"}, "training": {"configs", "mars"}, "mars": set()}) == [
+        ["configs", "training", "configs"]]

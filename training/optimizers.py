@@ -1,11 +1,11 @@
-"""Builds the optimizer named by the config (as training.registry describes it), and reads its state."""
+"""Builds the optimizer named by the config (as configs.registry describes it), and reads its state."""
 import sys
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from training.registry import optimizer_entry
+from configs.registry import optimizer_entry
 
 
 def optimizer_class_and_arguments(cfg, device: torch.device = torch.device("cpu")

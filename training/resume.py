@@ -11,6 +11,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
+from configs.registry import OPTIMIZERS
 from configs.schema import LrSchedule, lr_decay_end
 from data.authors_draws import AuthorsDraws
 from mars.optimizer import ratio_key
@@ -19,7 +20,6 @@ from training.distributed import DistributedContext, all_gather_objects
 from training.optimizers import local_optimizer
 from training.runtime import set_rng_state
 from training.summary import Progress
-from training.registry import OPTIMIZERS
 from training.run_dir import RunDirectoryError
 from training.sweep import in_sweep
 

@@ -2,9 +2,9 @@
 import logging
 import math
 
+from configs.registry import optimizer_entry
 from configs.schema import LrSchedule
 from mars.optimizer import ratio_key
-from training.registry import optimizer_entry
 
 log = logging.getLogger(__name__)
 

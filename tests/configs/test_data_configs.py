@@ -4,7 +4,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from configs.schema import ConfigError, Sampling, register_configs, validate
+from configs.compose import register_configs, validate
+from configs.schema import ConfigError, Sampling
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 register_configs()

@@ -8,7 +8,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from configs.schema import ConfigError, grad_accum_steps_for, register_configs, validate
+from configs.compose import register_configs, validate
+from configs.schema import ConfigError, grad_accum_steps_for
 from data.corpora import data_root
 from tests.configs.authors_runs import OURS, OURS_BY_OPTIMIZER, RUNS, authors_settings
 from training.resume import flat_items

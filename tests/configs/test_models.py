@@ -2,8 +2,8 @@ from omegaconf import OmegaConf
 
 from configs.models import GPT2_SHAPES, MODEL_DIR
 from evaluation.downstream import model_size
+from reporting.run_labels import SIZE_ORDER, model_label
 from scripts.bench_optimizer import gpt2_shapes
-from scripts.run_labels import SIZE_ORDER, model_label
 
 
 def test_gpt2_sizes_are_read_from_their_model_configs_smallest_first():

@@ -5,7 +5,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from configs.schema import ConfigError, lr_decay_end, register_configs, validate
+from configs.compose import register_configs, validate
+from configs.schema import ConfigError, lr_decay_end
 from tests import warm_python
 
 REPO = Path(__file__).resolve().parents[2]

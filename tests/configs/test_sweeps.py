@@ -7,7 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from configs.schema import register_configs
+from configs.compose import register_configs
 from tests import warm_python
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,24 +1,32 @@
 """Every fast path steps without reading a tensor's value on the host: on a GPU each such read (a Python branch on
 a norm, ``.item()``) makes the step wait for the device, once per read."""
+import inspect
+
 import pytest
 import torch
 
-from mars import MARS, MarsM, MarsMEfficient, Moonlight, Muon, available_backends, reference
+from mars import MARS, available_backends, reference
+from mars.optimizer import LookaheadGradient
+from tests.mars.test_torch_conventions import optimizers_of_mars
 
 HOST_READS = ("__bool__", "item", "tolist", "__float__", "__int__")
 SHAPES = [(12, 4), (4, 12), (8, 8), (6,)]
 
-OPTIMIZERS = {
-    "mars-adamw": lambda params: MARS(params, backend="torch"),
-    "mars-adamw exact": lambda params: MARS(params, backend="torch", is_approx=False),
-    "mars-lion": lambda params: MARS(params, backend="torch", mars_type="mars-lion"),
-    "mars-shampoo": lambda params: MARS(params, backend="torch", mars_type="mars-shampoo", ns_dtype=torch.float32),
-    "muon": lambda params: Muon(params, ns_dtype=torch.float32),
-    "mars-m": lambda params: MarsM(params, ns_dtype=torch.float32),
-    "mars-m exact": lambda params: MarsM(params, ns_dtype=torch.float32, is_approx=False),
-    "mars-m efficient": lambda params: MarsMEfficient(params, ns_dtype=torch.float32),
-    "moonlight": lambda params: Moonlight(params, ns_dtype=torch.float32),
-}
+
+def fast_paths(cls) -> list[dict]:
+    """The default path of ``cls`` with float32 Newton-Schulz (bfloat16 products are slow on CPUs), each of its
+    variants (MARS's ``mars_type``) and its exact scheme (``is_approx=False``) where it has them."""
+    default = dict(ns_dtype=torch.float32) if "ns_dtype" in inspect.signature(cls).parameters else {}
+    paths = [default]
+    if "mars_type" in inspect.signature(cls).parameters:
+        paths = [dict(default, mars_type=mars_type) for mars_type in reference.MARS_TYPES]
+    if issubclass(cls, LookaheadGradient):
+        paths.append(dict(default, is_approx=False))
+    return paths
+
+
+OPTIMIZERS = {"-".join([cls.__name__, *map(str, options.values())]): (cls, options)
+              for cls in optimizers_of_mars() for options in fast_paths(cls)}
 
 
 def refuse_host_reads(monkeypatch):
@@ -45,7 +53,8 @@ def test_a_triton_step_reads_no_tensor_on_the_host(monkeypatch, mars_type):
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_a_step_reads_no_tensor_on_the_host(monkeypatch, name):
     params = [torch.nn.Parameter(torch.randn(shape)) for shape in SHAPES]
-    optimizer = OPTIMIZERS[name](params)
+    cls, options = OPTIMIZERS[name]
+    optimizer = cls(params, **options)
     grads = [[torch.randn(param.shape) * 10 for param in params] for _ in range(2)]  # c_t clipped: where a
     refuse_host_reads(monkeypatch)  # reference branches on its norm
     for step_grads in grads:  # the first step creates the state; the second runs on it

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mars import MARS, available_backends, reference
-from mars.optimizer import DispatchingOptimizer
+from mars.optimizer import OneRuleOptimizer, check_non_negative
 
 # 1-D, 2-D (square, tall, wide, a single row/column) and 3-D tensors with odd sizes.
 SHAPES = [(7, 5), (13,), (3, 4, 2), (1, 9), (9, 1), (5,), (17, 11)]
@@ -570,19 +570,36 @@ def test_auto_backend_uses_torch_for_cpu_tensors():
     torch.testing.assert_close(param, reference_param, rtol=0, atol=0)
 
 
-class PlainSGD(DispatchingOptimizer):
-    """A minimal optimizer on the generic base: no option of the whole optimizer, Newton-Schulz's neither."""
+class PlainSGD(OneRuleOptimizer):
+    """A one-rule optimizer written as its rule alone: no option of the whole optimizer, Newton-Schulz's neither."""
 
-    def __init__(self, params, lr: float = 0.1):
-        super().__init__(params, dict(lr=lr))
+    def __init__(self, params, lr: float = 0.1, weight_decay: float = 0.0):
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
 
     def _check_group(self, group):
-        pass
+        check_non_negative(weight_decay=group["weight_decay"])
 
-    def _matrix_step(self, params, group):
+    def _update(self, params, group):
+        torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
         torch._foreach_add_(params, [param.grad for param in params], alpha=-group["lr"])
 
-    _adamw_step = _matrix_step
+
+def test_a_one_rule_optimizer_steps_every_tensor_by_its_rule_whatever_its_shape():
+    shapes = [(3, 2), (2,), (), (2, 3, 4)]
+    params = [torch.nn.Parameter(torch.ones(shape)) for shape in shapes]
+    without_grad = torch.nn.Parameter(torch.ones(2, 2))
+    optimizer = PlainSGD([{"params": params[:2]}, {"params": [*params[2:], without_grad], "lr": 0.5}],
+                         weight_decay=0.5)
+    for param in params:
+        param.grad = torch.full_like(param, 2.0)
+    optimizer.step()
+    for param, lr in zip(params, [0.1, 0.1, 0.5, 0.5]):
+        assert torch.equal(param.detach(), torch.full_like(param, (1 - lr * 0.5) - lr * 2.0))
+    assert torch.equal(without_grad.detach(), torch.ones(2, 2))
+    with pytest.raises(ValueError, match="weight_decay must be >= 0, got -1"):
+        PlainSGD(params, weight_decay=-1.0)
+    with pytest.raises(ValueError, match="lr must be >= 0"):
+        PlainSGD(params, lr=-0.1)
 
 
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])

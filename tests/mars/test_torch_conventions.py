@@ -13,7 +13,7 @@ from torch.optim import lr_scheduler
 
 import mars
 from mars import MARS, MarsM, Muon, available_backends
-from mars.optimizer import LookaheadGradient
+from mars.optimizer import BACKENDS, LookaheadGradient
 from tests.mars import saved_state_dicts
 
 needs_triton = pytest.mark.skipif("triton" not in available_backends("cpu"),
@@ -30,13 +30,17 @@ def optimizers_of_mars() -> list[type]:
             and issubclass(cls, torch.optim.Optimizer) and "defaults" not in inspect.signature(cls).parameters]
 
 
-# The backends and paths of the optimizers that have several, beyond the default one.
-OTHER_PATHS = {
-    MARS: [dict(backend="reference"), dict(backend="triton"), dict(backend="reference", mars_type="mars-shampoo"),
-           dict(backend="torch", mars_type="mars-shampoo")],
-    Muon: [dict(foreach=False)],
-    MarsM: [dict(foreach=False)],
-}
+def other_paths(cls) -> list[dict]:
+    """The constructor options that step ``cls`` by another path than its default on the CPU, read from its
+    arguments: each other explicit backend (``auto`` takes ``torch`` here), ``foreach=False`` beside the foreach
+    default, and mars-shampoo (its matrices take Newton-Schulz, a path of their own) on two backends."""
+    arguments = inspect.signature(cls).parameters
+    paths = [dict(foreach=False)] if "foreach" in arguments else []
+    if "backend" in arguments:
+        paths += [dict(backend=backend) for backend in BACKENDS if backend not in ("auto", "torch")]
+    if "mars_type" in arguments:
+        paths += [dict(backend=backend, mars_type="mars-shampoo") for backend in ("reference", "torch")]
+    return paths
 
 
 def case(cls, options):
@@ -46,7 +50,7 @@ def case(cls, options):
 
 
 # (optimizer class, constructor options): every optimizer of mars with its default path, then its others.
-OPTIMIZERS = [case(cls, options) for cls in optimizers_of_mars() for options in [{}, *OTHER_PATHS.get(cls, [])]]
+OPTIMIZERS = [case(cls, options) for cls in optimizers_of_mars() for options in [{}, *other_paths(cls)]]
 # A matrix and a vector, so that both rules of every optimizer step (the matrix rule and its AdamW part).
 SHAPES = [(5, 3), (3,)]
 # Large then small gradients: the norm clips act, and a second moment falls (amsgrad keeps its maximum).
@@ -82,9 +86,9 @@ def run_steps(optimizer, params, steps):
 
 
 def learning_rates(cls):
-    """The constructor arguments of ``cls`` that are learning rates: ``lr``, MARS's ``lr_1d``, Muon's ``adamw_lr``."""
-    return [name for name in inspect.signature(cls.__init__).parameters
-            if name == "lr" or name.startswith("lr_") or name.endswith("_lr")]
+    """The constructor arguments of ``cls`` that are learning rates, as the class names them (``LEARNING_RATES``:
+    ``lr``, MARS's ``lr_1d``, Muon's ``adamw_lr``)."""
+    return list(cls.LEARNING_RATES)
 
 
 def assert_same_params(actual, expected):
@@ -112,6 +116,13 @@ def test_every_exported_optimizer_is_covered():
     exported = {getattr(mars, name) for name in mars.__all__}
     assert {cls for cls in exported if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)} <= covered
     assert {MARS, Muon, MarsM} <= covered
+
+
+def test_every_optimizer_of_a_module_of_mars_imports_from_mars():
+    # `from mars import <Name>` for a new rule in mars/<name>.py, without a line in mars/__init__.py.
+    assert all(getattr(mars, cls.__name__) is cls for cls in optimizers_of_mars())
+    with pytest.raises(AttributeError, match="has no attribute 'NoSuchOptimizer'"):
+        mars.NoSuchOptimizer  # noqa: B018
 
 
 def stepped_twice(cls, options):
@@ -371,15 +382,16 @@ def test_a_group_that_sets_only_lr_takes_every_other_learning_rate_from_the_cons
 def test_an_lr_changed_in_param_groups_holds_from_the_next_step(cls, options):
     params = new_params()
     optimizer = cls(params, **options)
-    run_steps(optimizer, params, range(1))
+    first = 1 + cls.STATE_ONLY_STEPS  # the steps before the one at lr 0 (ADOPT's first moves nothing)
+    run_steps(optimizer, params, range(first))
     for group in optimizer.param_groups:
         group.update(dict.fromkeys(learning_rates(cls), 0.0))
     before = [param.detach().clone() for param in params]
-    run_steps(optimizer, params, range(1, 2))
+    run_steps(optimizer, params, range(first, first + 1))
     assert_same_params(params, before)
     for group in optimizer.param_groups:
         group.update(dict.fromkeys(learning_rates(cls), 1e-2))
-    run_steps(optimizer, params, range(2, 3))
+    run_steps(optimizer, params, range(first + 1, first + 2))
     assert all(not torch.equal(param, old) for param, old in zip(params, before))
 
 
@@ -436,7 +448,8 @@ def test_complex_parameters_are_refused_naming_the_workaround(cls, options):
 # the default that a param group may set, or None for an option of the whole optimizer, which a group must refuse.
 GROUP_VALUES = {
     "lr": "doubled",
-    "betas": (0.8, 0.9), "eps": 1e-3, "weight_decay": 0.3, "amsgrad": True, "gamma": 0.5, "mars_type": "mars-lion",
+    # eps: large enough to change the steps whether it is added to the denominator (Adam) or a floor under it (ADOPT).
+    "betas": (0.8, 0.9), "eps": 1.0, "weight_decay": 0.3, "amsgrad": True, "gamma": 0.5, "mars_type": "mars-lion",
     "optimize_1d": True, "lr_1d": 1e-4, "betas_1d": (0.8, 0.9), "weight_decay_1d": 0.3, "ns_dtype": torch.float32,
     "ns_form": "fused_gram", "momentum": 0.8, "nesterov": False, "ns_steps": 3, "adamw_lr": 1e-4,
     "adamw_betas": (0.8, 0.9), "adamw_eps": 1e-3, "adamw_weight_decay": 0.3, "adamw_variant": "torch",

@@ -6,7 +6,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from configs.schema import register_configs
+from configs.compose import register_configs
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 register_configs()

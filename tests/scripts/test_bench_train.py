@@ -87,7 +87,7 @@ def test_compile_modes_add_a_row_per_mode_and_need_compile(tmp_path, monkeypatch
 
 @pytest.mark.slow
 def test_every_row_is_a_valid_config_of_what_it_names():
-    from configs.schema import validate
+    from configs.compose import validate
 
     for label, overrides in bench_train.OPTIMIZERS.items():
         cfg = compose_config(["model=tiny", *overrides])
@@ -99,7 +99,7 @@ def test_every_row_is_a_valid_config_of_what_it_names():
 
 
 def test_every_optimizer_config_has_a_row_named_as_the_registry_labels_it():
-    from training.registry import OPTIMIZERS as REGISTRY
+    from configs.registry import OPTIMIZERS as REGISTRY
 
     for path in sorted(bench_train.CONFIG_DIR.glob("optimizer/*.yaml")):
         optimizer_cfg = compose_config([f"optimizer={path.stem}"]).optimizer

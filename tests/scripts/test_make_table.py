@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from reporting.run_labels import count_label
+from reporting.run_selection import load_runs
+from reporting.target_loss import Reached, duration_label, reached
 from scripts.make_table import PAPER_VAL_LOSS, load_wandb_csv, main, make_table
-from scripts.run_labels import count_label
-from scripts.run_selection import load_runs
-from scripts.target_loss import Reached, duration_label, reached
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 TOKENS_PER_STEP = 491_520

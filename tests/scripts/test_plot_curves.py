@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import scripts.plot_curves as plot_curves_module
+from reporting.run_reading import Run
+from reporting.run_selection import Setting, load_runs
 from scripts.plot_curves import curve_label, group_figure, main, plot_curves, seed_curves, training_seconds
-from scripts.run_reading import Run
-from scripts.run_selection import Setting, load_runs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -6,8 +6,8 @@ import matplotlib.pyplot as plt
 import pytest
 from matplotlib.colors import same_color
 
+from reporting.run_selection import load_runs
 from scripts.plot_sweep import FAILED_SPACING, REFUSED_NOTE, STOPPED_NOTE, main, panel_figure, sweep_lines
-from scripts.run_selection import load_runs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TINY = ["model=tiny", "data=embedded", "train.max_iters=100"]

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.run_labels import corpus_of, display_optimizer, nominal_tokens, tokens_label
-from scripts.run_selection import group_settings, load_runs, setting_labels
+from reporting.run_labels import corpus_of, display_optimizer, nominal_tokens, tokens_label
+from reporting.run_selection import group_settings, load_runs, setting_labels
 
 
 @pytest.mark.parametrize("tokens, label", [(10_000 * 491_520, "5B"), (40_000 * 491_520, "20B"),

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from configs.schema import register_configs, validate
+from configs.compose import register_configs, validate
 from scripts import small_study
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")

@@ -3,10 +3,10 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from reporting.run_selection import load_runs
 import scripts.plot_curves as plot_curves_module
 from scripts.make_table import make_table
 from scripts.plot_sweep import panel_figure, sweep_lines
-from scripts.run_selection import load_runs
 
 TINY = ["model=tiny", "data=embedded", "train.max_iters=100"]
 GAMMAS = (0.005, 0.025, 0.05, 0.1)

@@ -6,7 +6,7 @@ import dataclasses
 import torch
 
 import train
-from training import registry
+from configs import registry
 
 
 class AveragingAdamW(torch.optim.AdamW):

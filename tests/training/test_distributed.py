@@ -1,4 +1,5 @@
 """Data-parallel training with torchrun on the CPU (Gloo), as on a cluster but with 2 processes."""
+import functools
 import json
 import os
 import shlex
@@ -12,9 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from scripts.run_reading import load_run
+from configs.compose import CONFIG_DIR, compose_config
+from configs.registry import OPTIMIZERS
+from reporting.run_reading import load_run
 from training.metrics import read_metrics
 from tests import warm_python
+from tests.training.optimizer_configs import registered_configs
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_size=2", "train.block_size=32",
@@ -80,20 +84,28 @@ def test_a_single_process_stops_at_the_batch_holding_a_token_id_beyond_the_vocab
         batches.batch(step=2)  # tokens 16 to 24
 
 
+def test_every_registered_optimizer_has_a_config_that_the_ddp_and_zero1_checks_run():
+    # The two-rank runs below train one config of each registered optimizer; ddp_invariants.py checks DDP and
+    # ZeRO-1 on every config.
+    assert registered_configs().keys() == OPTIMIZERS.keys()
+
+
+@functools.cache
+def optimizer_keys(optimizer: str) -> frozenset[str]:
+    return frozenset(compose_config([f"optimizer={optimizer}"]).optimizer)
+
+
 def gloo_options(optimizer: str) -> list[str]:
     """The options of the two-rank comparisons with ``optimizer``: one global batch of 8 sequences of 2
     (accumulation 4 in one process, 2 on each of two ranks: no_sync on the first micro-batch, all-reduce on the
     second)."""
-    # Muon: the two ranks share out the Newton-Schulz work; float32 keeps this 1-layer run fast on a CPU.
+    # Newton-Schulz in float32: the two ranks share out its work, and float32 keeps this 1-layer run fast on a CPU.
     # float32 updates too: one process and two ranks sum the gradients in different orders, and rounding the
     # update to bfloat16 (the authors' Muon) turns those last-bit differences into whole bfloat16 steps.
     options = [f"optimizer={optimizer}", "train.global_batch_size=8"]
-    options += ["optimizer.ns_dtype=float32", "optimizer.update_dtype=float32"] if optimizer == "muon" else []
-    # MARS-M, Moonlight: float32 Newton-Schulz; ZeRO-1 orthogonalises each matrix on its owner rank, unsharded DDP
-    # shares the work out by another plan, and in bfloat16 the two could round apart.
-    options += ["optimizer.ns_dtype=float32"] if optimizer in ("mars-m", "moonlight") else []
+    options += [f"optimizer.{key}=float32" for key in ("ns_dtype", "update_dtype") if key in optimizer_keys(optimizer)]
     # The authors' summed gradients (4x the mean) must not depend on how the batch is split into ranks either.
-    options += ["train.grad_multiplier=4"] if optimizer == "mars-adamw" else []
+    options += ["train.grad_multiplier=4"]
     # HellaSwag too: the two ranks score alternate items and add up their counts.
     return options + ["train.hellaswag_interval=2",
                       f"train.hellaswag_file={REPO / 'tests/evaluation/hellaswag_sample.jsonl'}"]
@@ -116,7 +128,7 @@ def two_rank_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", ["mars-adamw", "mars-lion", "adamw", "muon", "mars-m", "moonlight"])
+@pytest.mark.parametrize("optimizer", registered_configs().values())
 def test_two_gloo_ranks_train_like_one_process_with_doubled_accumulation(tmp_path, two_rank_run, optimizer):
     one, one_ckpt = run([sys.executable, "train.py"], tmp_path / "one", *gloo_options(optimizer))
     two, two_ckpt = two_rank_run(optimizer)
@@ -136,9 +148,11 @@ def test_two_gloo_ranks_train_like_one_process_with_doubled_accumulation(tmp_pat
 
 @pytest.mark.slow
 def test_every_rank_reaches_the_same_parameters():
-    # One launch checks every optimizer in turn: a failed check names its optimizer.
-    result = run_script("ddp_invariants.py", "mars-adamw", "mars-lion", "mars-shampoo", "muon")
+    # One launch checks every optimizer config in turn, unsharded and under ZeRO-1: a failed check names its config.
+    result = run_script("ddp_invariants.py")
     assert result.returncode == 0, result.stderr
+    configs = sorted(path.stem for path in Path(CONFIG_DIR, "optimizer").glob("*.yaml"))
+    assert result.stdout.splitlines() == [f"checked {name}" for name in configs]
 
 
 @pytest.mark.slow
@@ -175,16 +189,6 @@ def test_zero1_sharded_mars_adamw_trains_like_unsharded_and_resumes_exactly_from
     resumed, _ = run([*TORCHRUN, "train.py"], tmp_path / "zero1", *gloo_options("mars-adamw"), "train.zero1=true",
                      "train.checkpoint_interval=2", "train.resume=true")
     assert losses(resumed, "train/loss") == losses(full, "train/loss")
-
-
-@pytest.mark.slow
-def test_zero1_sharded_mars_lion_trains_like_unsharded_mars_lion(tmp_path, two_rank_run):
-    zero1_trains_like_ddp(tmp_path, two_rank_run, "mars-lion", lambda s: s["exp_avg"].dim() == 2)
-
-
-@pytest.mark.slow
-def test_zero1_sharded_mars_m_trains_like_unsharded_mars_m(tmp_path, two_rank_run):
-    zero1_trains_like_ddp(tmp_path, two_rank_run, "mars-m", lambda s: "momentum_buffer" in s)
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import pytest
 
 from data.embedded import prepare_embedded
 from data.shards import read_shard, write_shard
-from scripts.run_reading import load_run
+from reporting.run_reading import load_run
 from training.checkpoint import latest_checkpoint
 from training.metrics import LAUNCH_KEYS, read_metrics
 from tests import warm_python

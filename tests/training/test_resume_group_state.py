@@ -6,11 +6,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from configs.schema import register_configs
+from configs.compose import register_configs
+from configs.registry import param_groups
 from model import GPT, GPTConfig
 from training.distributed import DistributedContext
 from training.optimizers import build_optimizer
-from training.registry import param_groups
 from training.resume import resume_from
 from training.runtime import rng_state
 

@@ -7,13 +7,14 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from configs.schema import LrSchedule, ModelConfig, register_configs
+from configs.compose import register_configs
+from configs.registry import OPTIMIZERS as REGISTRY
+from configs.schema import LrSchedule, ModelConfig
 from model import GPT, GPTConfig
 from training import resume
 from training.checkpoint import CheckpointReadError, save_checkpoint
 from training.distributed import DistributedContext
 from training.optimizers import build_optimizer
-from training.registry import OPTIMIZERS as REGISTRY
 from training.resume import (STATE_DEFINING_KEYS, ResumeRefused, check_resumable, config_changes,
                              resume_from)
 from training.runtime import rng_state

@@ -15,10 +15,10 @@ import pytest
 import matplotlib.pyplot as plt
 
 from data.embedded import prepare_embedded
+from reporting.run_selection import load_runs
 from scripts.make_table import make_table
 from scripts.plot_curves import CLIPPED_NOTE, NOT_DRAWN_NOTE, every_point_lines, group_figure
 from scripts.plot_sweep import panel_figure, sweep_lines
-from scripts.run_selection import load_runs
 from training.metrics import read_metrics
 from tests import warm_python
 

@@ -1,7 +1,8 @@
 """Validation by the paper's procedure (new windows at every evaluation) or on fixed windows, in real runs."""
 import pytest
 
-from configs.schema import ConfigError, validate
+from configs.compose import validate
+from configs.schema import ConfigError
 from tests.configs.test_experiments import load
 from tests.test_train import SMALL, metrics, run_train
 

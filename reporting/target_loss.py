@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scripts.run_labels import count_label
-from scripts.run_reading import Run, training_seconds
-from scripts.run_selection import Setting
+from reporting.run_labels import count_label
+from reporting.run_reading import Run, training_seconds
+from reporting.run_selection import Setting
 from training.metrics import format_duration
 
 MISSING = "–"

@@ -6,6 +6,9 @@ Adding an optimizer: its update rule in ``mars/``, one ``OptimizerEntry`` in ``O
 dataclass, a subclass of ``OptimizerConfig`` defined here or in ``configs/schema.py``, and the function that builds
 it), one YAML in ``configs/optimizer/``, and its test (docs/optimizers.md). The tests, benches and docs read the
 optimizers from here, the YAML files and ``mars/``'s modules.
+
+The rows import the schema (``configs/schema.py``), never the other way: ``configs/compose.py`` registers each row's
+schema with Hydra and validates a config with its row's check.
 """
 import logging
 from collections.abc import Callable, Mapping

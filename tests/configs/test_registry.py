@@ -7,11 +7,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from configs.schema import OptimizerConfig, register_configs, validate
+from configs.compose import register_configs, validate
+from configs.registry import OPTIMIZERS, OptimizerEntry
+from configs.schema import OptimizerConfig
 from model import GPT, GPTConfig
-from scripts.run_labels import optimizer_label, without_defaults
+from reporting.run_labels import optimizer_label, without_defaults
 from training.optimizers import build_optimizer
-from training.registry import OPTIMIZERS, OptimizerEntry
 from training.resume import STATE_DEFINING_KEYS
 from training.schedule import apply_schedule
 

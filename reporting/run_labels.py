@@ -4,7 +4,7 @@ orders they are shown in.
 
 A corpus is a named one wherever it lies, or else the shard directory it was read from (:func:`corpus_of`); a
 token budget is stated as the paper states it (4.92B is 5B, :func:`nominal_tokens`).
-Used by ``scripts.run_reading``, ``scripts.run_selection``, the table and the figures.
+Used by ``reporting.run_reading``, ``reporting.run_selection``, the table and the figures.
 """
 import dataclasses
 import itertools
@@ -14,8 +14,8 @@ from collections.abc import Collection
 from pathlib import Path
 
 from configs.models import GPT2_SHAPES
+from configs.registry import OPTIMIZERS
 from data.corpora import CUSTOM, EMBEDDED
-from training.registry import OPTIMIZERS
 
 MODEL_SIZES = {shape: size for size, shape in GPT2_SHAPES.items()}
 SIZE_ORDER = tuple(GPT2_SHAPES)

@@ -6,7 +6,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from scripts.run_selection import load_runs
+from reporting.run_selection import load_runs
 
 
 def plot_command(prog: str, doc: str, default_out: str, plot: Callable[..., list[Path]],

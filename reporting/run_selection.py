@@ -1,5 +1,5 @@
 """Which runs count, and as seeds of what: the run directories that glob patterns match, those that can be read
-(``scripts.run_reading``), and those runs grouped into settings.
+(``reporting.run_reading``), and those runs grouped into settings.
 
 A directory that cannot be read, or that an older version wrote, is left out with a note (:func:`readable_runs`).
 Runs whose settings are equal and that read data of the same size (train.py logs the tokens of each split at each
@@ -7,7 +7,7 @@ launch) are seeds of one :class:`Setting`. A failed run (refused, diverged, ...)
 seeds of its setting but a setting of its own (:func:`split_failed`). Two runs of one setting with the same
 ``train.seed`` (a sweep and a re-run of it in another directory) are one run, not two seeds: the one that trained
 furthest is kept, and the other is named as left out (:func:`one_run_per_seed`).
-Used by ``scripts.make_table``, ``scripts.plot_curves``, ``scripts.plot_sweep`` and ``scripts.target_loss``.
+Used by ``scripts.make_table``, ``scripts.plot_curves``, ``scripts.plot_sweep`` and ``reporting.target_loss``.
 """
 import glob
 import json
@@ -17,8 +17,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts.run_labels import data_label, nominal_tokens, short_corpus_names
-from scripts.run_reading import RUN_FILES, OlderVersionRun, Run, UnreadableRun, data_size, is_run_dir, load_run
+from reporting.run_labels import data_label, nominal_tokens, short_corpus_names
+from reporting.run_reading import RUN_FILES, OlderVersionRun, Run, UnreadableRun, data_size, is_run_dir, load_run
 from training.resume import flat_items
 
 log = logging.getLogger(__name__)

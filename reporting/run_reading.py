@@ -2,7 +2,7 @@
 record and launches.
 
 A run directory is what train.py writes: ``metrics.jsonl`` and ``.hydra/config.yaml``. Each run is labelled by
-corpus, model size, optimizer and token budget (``scripts.run_labels``), and carries a ``setting``: its config up
+corpus, model size, optimizer and token budget (``reporting.run_labels``), and carries a ``setting``: its config up
 to the seed and the settings that do not change the result (device, paths, logging, checkpointing, where a named
 corpus lies); a run resumed with changed settings, seed or data (a ``changed`` record in its log, or other shards
 read) is a setting of its own. A run whose last logged step is short of its ``max_iters`` (``Run.stopped_early``)
@@ -12,7 +12,7 @@ overrides; a refused point may hold nothing else): it is a run too (``Run.failur
 A run's best validation loss is that of its evaluations after step 0 (the step-0 one scores the untrained model);
 besides it, its final one (``Run.final_val_loss``) shows a late blow-up, and its best within the first B tokens
 (``Run.best_val_loss_within``) is what a shorter budget B reads off a longer run.
-Which runs count as seeds of one setting is ``scripts.run_selection``'s subject.
+Which runs count as seeds of one setting is ``reporting.run_selection``'s subject.
 """
 import dataclasses
 import json
@@ -28,10 +28,11 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from configs.schema import DataConfig, ModelConfig, TrainConfig, register_configs
-from scripts.run_labels import code_label, corpus_of, model_label, nominal_tokens, optimizer_label, without_defaults
+from configs.compose import register_configs
+from configs.registry import OPTIMIZERS
+from configs.schema import DataConfig, ModelConfig, TrainConfig
+from reporting.run_labels import code_label, corpus_of, model_label, nominal_tokens, optimizer_label, without_defaults
 from training.metrics import METRICS_FILE, read_metrics
-from training.registry import OPTIMIZERS
 # What train.py writes into a run that was refused, diverged or failed otherwise: {kind, reason, step, overrides, time}.
 from training.sweep import FAILURE_FILE
 

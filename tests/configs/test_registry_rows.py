@@ -1,5 +1,6 @@
 """What one registry row gives its optimizer: a config check that refuses bad values at start naming the key, and
 train.* defaults that an experiment or the command line overrides."""
+import copy
 import dataclasses
 import sys
 from pathlib import Path
@@ -7,10 +8,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from configs.compose import CONFIG_DIR, compose_config
-from configs.schema import ConfigError, register_configs, validate
-from training.registry import OPTIMIZERS
+from configs.compose import CONFIG_DIR, compose_config, register_configs, validate
+from configs.registry import OPTIMIZERS
+from configs.schema import ConfigError
 from tests import warm_python
+from tests.training.optimizer_configs import registered_configs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -19,19 +21,33 @@ def load(*overrides):
     return compose_config(list(overrides))
 
 
-@pytest.mark.parametrize("overrides, key", [
-    (["optimizer=adamw", "optimizer.betas=[0.9,1.5]"], "optimizer.betas"),
-    (["optimizer=mars-adamw", "optimizer.betas_1d=[-0.1,0.9]"], "optimizer.betas_1d"),
-    (["optimizer=mars-adamw", "optimizer.gamma=-0.5"], "optimizer.gamma"),
-    (["optimizer=adamw", "optimizer.eps=-1e-8"], "optimizer.eps"),
-    (["optimizer=muon", "optimizer.momentum=1.0"], "optimizer.momentum"),
-    (["optimizer=muon", "optimizer.adamw_eps=-1.0"], "optimizer.adamw_eps"),
-    (["optimizer=mars-m", "optimizer.adamw_betas=[0.9,1.0]"], "optimizer.adamw_betas"),
-    (["optimizer=mars-adamw", "optimizer.mars_type=mars-sgd"], "optimizer.mars_type"),
-])
-def test_a_bad_optimizer_value_is_refused_by_the_config_check_naming_the_key(overrides, key):
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        validate(load(*overrides))
+def out_of_range(key: str, value):
+    """A value of optimizer.``key`` that the check every optimizer shares refuses by the key's name, or None."""
+    if key.endswith(("betas", "betas_1d")):
+        return [0.9, 1.5]
+    named = key in ("lr", "momentum") or key.startswith("lr_") or key.endswith(
+        ("eps", "weight_decay", "weight_decay_1d", "gamma", "_lr"))
+    if named and isinstance(value, float):  # ns_steps ends in "eps" too
+        return -1.0
+    return None
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_a_bad_value_of_any_registered_optimizer_is_refused_by_the_config_check_naming_the_key(name):
+    cfg = load(f"optimizer={registered_configs()[name]}")
+    checked = {key: out_of_range(key, value) for key, value in cfg.optimizer.items()}
+    checked = {key: bad for key, bad in checked.items() if bad is not None}
+    assert "lr" in checked
+    for key, bad in checked.items():
+        changed = copy.deepcopy(cfg)
+        changed.optimizer[key] = bad
+        with pytest.raises(ConfigError, match=rf"optimizer\.{key}\b"):
+            validate(changed)
+
+
+def test_a_rows_own_check_refuses_its_bad_value_naming_the_key():
+    with pytest.raises(ConfigError, match=r"optimizer\.mars_type"):
+        validate(load("optimizer=mars-adamw", "optimizer.mars_type=mars-sgd"))
 
 
 @pytest.mark.slow
