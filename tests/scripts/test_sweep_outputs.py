@@ -47,5 +47,7 @@ def test_the_table_and_the_figures_show_every_point_of_a_sweep(tmp_path, make_ru
     assert [label for label, _ in drawn[0]] == names
     figure = plot_curves_module.group_figure(drawn[0], "tokens", "every point")
     legend = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
-    assert legend == [f"{names[0]} (refused)", *names[1:-1], f"{names[-1]} (diverged at step 6)"]
+    assert legend == [*names[1:-1], f"{names[-1]} (diverged at step 6)"]  # the refused point draws nothing...
+    assert [text.get_text() for text in figure.axes[0].texts] == [  # ...and is listed under the axes
+        f"{plot_curves_module.NOT_DRAWN_NOTE}\n{names[0]} (refused) (no evaluation)"]
     plt.close(figure)
