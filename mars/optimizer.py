@@ -229,7 +229,7 @@ class DispatchingOptimizer(torch.optim.Optimizer):
     The options of the whole optimizer (``OPTIMIZER_OPTIONS``, passed to ``__init__`` by name) are attributes, kept
     out of the param groups that ``state_dict()`` saves, refused in a group, and kept through a copy or pickle, but
     the process group: torch.distributed owns it, and an unpickled optimizer steps alone. The optimizers that run
-    Newton-Schulz add their own option (``ns_cuda_graph``, :class:`mars.cuda_graph.CudaGraphedNewtonSchulz`); this
+    Newton-Schulz add their own (``ns_cuda_graph``, ``ns_batch``: :class:`mars.cuda_graph.CudaGraphedNewtonSchulz`); this
     class knows nothing of Newton-Schulz.
 
     State is float32 for bfloat16/float16/float32 parameters and float64 for float64 ones
@@ -494,8 +494,8 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
     ``max_exp_avg_sq`` (amsgrad), ``last_grad`` and, in the exact scheme, ``previous_grad`` (the stash).
 
     A param group may set any hyperparameter of its own, and takes the constructor's for the others (a group that
-    sets ``lr`` keeps the constructor's ``lr_1d``). ``is_approx``, ``backend``, ``process_group`` and
-    ``ns_cuda_graph`` hold for the whole optimizer: a group that sets one is refused with a ValueError. ``lr`` and
+    sets ``lr`` keeps the constructor's ``lr_1d``). ``is_approx``, ``backend``, ``process_group``,
+    ``ns_cuda_graph`` and ``ns_batch`` hold for the whole optimizer: a group that sets one is refused with a ValueError. ``lr`` and
     ``lr_1d`` may be 1-element tensors, read as floats once per step.
 
     Args:
@@ -514,8 +514,8 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
             ``"triton"`` (fused kernels; CUDA, or CPU under ``TRITON_INTERPRET=1``) or ``"auto"``
             (triton for CUDA tensors when it is installed, torch otherwise); float64 parameters, which the Triton
             kernels do not take, step with torch under ``"triton"``. mars-shampoo's 2-D tensors
-            take Newton-Schulz by torch matmuls: one tensor at a time with ``"reference"``, else same-shaped
-            tensors batched (:func:`mars.newton_schulz.orthogonalise`).
+            take Newton-Schulz by torch matmuls (:func:`mars.newton_schulz.orthogonalise`), one tensor at a time
+            (same-shaped ones batched with ``ns_batch``).
         process_group: under DDP (every rank holding the same gradients), mars-shampoo shares its
             Newton-Schulz work out across this group's ranks; the other rules are unaffected. Held weakly
             (:class:`WeakProcessGroup`): the optimizer does not keep the group alive past its destruction.
@@ -526,9 +526,11 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
             and kernels, half the bfloat16 rounding error). ``backend="reference"`` always takes the authors'.
         ns_cuda_graph: run each group's mars-shampoo Newton-Schulz as one CUDA graph (CUDA only), as
             :class:`mars.Muon`'s; not with ``backend="reference"``.
+        ns_batch: orthogonalise mars-shampoo's matrices of one shape together, as one batch, as
+            :class:`mars.Muon`'s; not with ``backend="reference"``.
     """
 
-    OPTIMIZER_OPTIONS = ("is_approx", "backend", "process_group", "ns_cuda_graph")
+    OPTIMIZER_OPTIONS = ("is_approx", "backend", "process_group", "ns_cuda_graph", "ns_batch")
     # The backends' MARS rule, mars-shampoo's rule of 2-D tensors (Newton-Schulz), AdamW.
     RULES = ("backend_mars", "shampoo_2d", "adamw")
     CORRECTED_RULES = ("backend_mars", "shampoo_2d")
@@ -555,10 +557,14 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
         ns_dtype: torch.dtype = torch.bfloat16,
         ns_form: str = "products",
         ns_cuda_graph: bool = False,
+        ns_batch: bool = False,
     ):
         if ns_cuda_graph is True and backend == "reference":  # another value than a bool: refused by the base
             raise ValueError("ns_cuda_graph=True captures the fast backends' Newton-Schulz; backend='reference' runs "
                              "the reference tensor by tensor: take backend='torch' or 'auto', or ns_cuda_graph=False")
+        if ns_batch is True and backend == "reference":
+            raise ValueError("ns_batch=True batches the fast backends' Newton-Schulz; backend='reference' runs the "
+                             "reference tensor by tensor: take backend='torch' or 'auto', or ns_batch=False")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if backend == "triton" and not triton_is_installed():
@@ -569,7 +575,7 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
             weight_decay_1d=weight_decay_1d, ns_dtype=ns_dtype, ns_form=ns_form,
         )
         super().__init__(params, defaults, is_approx=is_approx, backend=backend, process_group=process_group,
-                         ns_cuda_graph=ns_cuda_graph)
+                         ns_cuda_graph=ns_cuda_graph, ns_batch=ns_batch)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         check_non_negative(
@@ -649,7 +655,7 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
         # back in the widest state dtype (float64 with float64 parameters), each then cast to its own state's.
         out_dtype = functools.reduce(torch.promote_types, (direction.dtype for direction in directions))
         updates = orthogonalise(directions, dtype=ns_dtype, process_group=self.process_group, eps=eps, form=ns_form,
-                                out_dtype=out_dtype, graph=graph)
+                                out_dtype=out_dtype, batch=self.ns_batch, graph=graph)
         shampoo_foreach.apply_shampoo_updates(params, updates, lr=lr, weight_decay=weight_decay)
 
     def _by_backend(self, params: list[Tensor]) -> Iterable[tuple[ModuleType | SimpleNamespace, list[Tensor]]]:
