@@ -113,10 +113,10 @@ def orthogonalise(matrices: list[Tensor], steps: int = 5, dtype: torch.dtype = t
     ``out_dtype``. ``batch`` stacks same-shaped matrices into one batch (fewer, larger products; each matrix
     normalised by its own norm, so on the CPU each result is bit for bit the one it is alone); off by default:
     slower than one matrix at a time on a CPU and on an H100 of 2026-11-23, 0.24-0.37x of it on an H200 of
-    2026-11-27 (docs/speed.md). The optimizers offer it as ``ns_batch``. With a ``graph`` (CUDA tensors only) this rank's work runs as one CUDA
-    graph, captured on the first call and replayed after (:class:`mars.cuda_graph.CapturedLists`: the same
-    kernels without a launch each; without a ``process_group`` the results are the graph's output buffers,
-    overwritten by its next call). With a ``process_group`` of several ranks, all holding the same
+    2026-11-27 (docs/speed.md). The optimizers offer it as ``ns_batch``. With a ``graph`` (CUDA tensors only) this
+    rank's work runs as one CUDA graph, captured on the first call and replayed after
+    (:class:`mars.cuda_graph.CapturedLists`: the same kernels without a launch each; without a ``process_group`` the
+    results are the graph's output buffers, overwritten by its next call). With a ``process_group`` of several ranks, all holding the same
     ``matrices`` (DDP's all-reduced gradients), each rank orthogonalises its share (:func:`assign_owners`) and an
     all-reduce of one flat ``out_dtype`` buffer, zero outside each owner's slots, hands every rank all results
     exactly: the cost per rank falls with the number of ranks instead of being repeated on each, and N ranks

@@ -229,8 +229,8 @@ class DispatchingOptimizer(torch.optim.Optimizer):
     The options of the whole optimizer (``OPTIMIZER_OPTIONS``, passed to ``__init__`` by name) are attributes, kept
     out of the param groups that ``state_dict()`` saves, refused in a group, and kept through a copy or pickle, but
     the process group: torch.distributed owns it, and an unpickled optimizer steps alone. The optimizers that run
-    Newton-Schulz add their own (``ns_cuda_graph``, ``ns_batch``: :class:`mars.cuda_graph.CudaGraphedNewtonSchulz`); this
-    class knows nothing of Newton-Schulz.
+    Newton-Schulz add their own (``ns_cuda_graph``, ``ns_batch``: :class:`mars.cuda_graph.CudaGraphedNewtonSchulz`);
+    this class knows nothing of Newton-Schulz.
 
     State is float32 for bfloat16/float16/float32 parameters and float64 for float64 ones
     (:func:`state_zeros_like`), through ``load_state_dict`` and pickling too. A state dict whose param groups lack
@@ -495,8 +495,8 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
 
     A param group may set any hyperparameter of its own, and takes the constructor's for the others (a group that
     sets ``lr`` keeps the constructor's ``lr_1d``). ``is_approx``, ``backend``, ``process_group``,
-    ``ns_cuda_graph`` and ``ns_batch`` hold for the whole optimizer: a group that sets one is refused with a ValueError. ``lr`` and
-    ``lr_1d`` may be 1-element tensors, read as floats once per step.
+    ``ns_cuda_graph`` and ``ns_batch`` hold for the whole optimizer: a group that sets one is refused with a
+    ValueError. ``lr`` and ``lr_1d`` may be 1-element tensors, read as floats once per step.
 
     Args:
         params: parameters or parameter groups.
