@@ -46,8 +46,8 @@ class Muon(CudaGraphedNewtonSchulz, DispatchingOptimizer):
 
     A param group may set any hyperparameter of its own, and takes the constructor's for the others (a group that
     sets ``lr`` keeps the constructor's ``adamw_lr``); ``process_group``, ``ns_cuda_graph``, ``ns_batch`` and
-    ``foreach`` hold for the whole optimizer and are refused in a group. ``lr`` and ``adamw_lr`` may be 1-element tensors, read as
-    floats once per step.
+    ``foreach`` hold for the whole optimizer and are refused in a group. ``lr`` and ``adamw_lr`` may be 1-element
+    tensors, read as floats once per step.
 
     Two options default to the authors' (``MARS/train_muon.py:209-217`` combines their ``optimizers/adamw.py``
     and ``optimizers/muon.py``); ``adamw_variant="torch"`` and ``update_dtype=torch.float32`` give torch's AdamW
