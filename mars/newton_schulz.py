@@ -118,9 +118,9 @@ def orthogonalise(matrices: list[Tensor], steps: int = 5, dtype: torch.dtype = t
     (:class:`mars.cuda_graph.CapturedLists`: the same kernels without a launch each; without a ``process_group`` the
     results are the graph's output buffers, overwritten by its next call). With a ``process_group`` of several
     ranks, all holding the same ``matrices`` (DDP's all-reduced gradients), each rank orthogonalises its share
-    (:func:`assign_owners`) and an all-reduce of one flat ``out_dtype`` buffer, zero outside each owner's slots, hands every rank all results
-    exactly: the cost per rank falls with the number of ranks instead of being repeated on each, and N ranks
-    return what one process does (a bfloat16 buffer, as the MARS authors' Muon sends, halves the traffic of a
+    (:func:`assign_owners`) and an all-reduce of one flat ``out_dtype`` buffer, zero outside each owner's slots,
+    hands every rank all results exactly: the cost per rank falls with the number of ranks instead of being
+    repeated on each, and N ranks return what one process does (a bfloat16 buffer, as the MARS authors' Muon sends, halves the traffic of a
     float32 one).
     """
     check_ns_form(form, norm_in_dtype)
