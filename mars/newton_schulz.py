@@ -120,8 +120,8 @@ def orthogonalise(matrices: list[Tensor], steps: int = 5, dtype: torch.dtype = t
     ranks, all holding the same ``matrices`` (DDP's all-reduced gradients), each rank orthogonalises its share
     (:func:`assign_owners`) and an all-reduce of one flat ``out_dtype`` buffer, zero outside each owner's slots,
     hands every rank all results exactly: the cost per rank falls with the number of ranks instead of being
-    repeated on each, and N ranks return what one process does (a bfloat16 buffer, as the MARS authors' Muon sends, halves the traffic of a
-    float32 one).
+    repeated on each, and N ranks return what one process does (a bfloat16 buffer, as the MARS authors' Muon
+    sends, halves the traffic of a float32 one).
     """
     check_ns_form(form, norm_in_dtype)
     world_size = dist.get_world_size(process_group) if process_group is not None else 1
