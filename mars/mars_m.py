@@ -61,6 +61,7 @@ class _ShapeScaledOrthogonal(CudaGraphedNewtonSchulz, DispatchingOptimizer):
     (:func:`mars.reference.mars_m_adamw_step`) with the group's lr and weight decay."""
 
     OPTIMIZER_OPTIONS = ("process_group", "foreach", "ns_cuda_graph", "ns_batch")
+    RULE_KEYS = ("matrix_rule",)
 
     def _base_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """A subclass constructor's arguments (its ``locals()``) as :class:`DispatchingOptimizer` takes them: the
