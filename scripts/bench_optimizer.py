@@ -20,7 +20,7 @@ forgotten its checked calls (the input checks and launch groups redone every ste
 Writes ``results/bench_optimizer_overhead_<device>.{md,json}``.
 
 ``--host-time`` times every optimizer of the package (and torch's foreach AdamW) on the CPU over GPT-2's parameter
-list with every dimension shrunk (width 8): as many tensors, shapes and shape groups, and next to no arithmetic, so
+list with every dimension shrunk (to 8, 16, ...): as many tensors, shapes and shape groups, and next to no arithmetic, so
 the step's time is its host work (the Python of gathering and dispatching, torch's dispatch and a launch per
 kernel), which on a GPU runs ahead of, or holds up, the kernels: the CPU time of the step's thread, which a
 shared machine's other work does not add to. MARS with Triton is timed with no-op kernels.
@@ -205,17 +205,18 @@ def triton_host_overhead(device: torch.device, model_size: str, reps: int, warmu
     return times
 
 
-# GPT-2's parameter list with every dimension shrunk (width 768 -> 8, vocabulary 50304 -> 64, positions 1024 -> 16):
-# the same tensors, in the same order, of as many distinct shapes, each too small for its arithmetic to count.
-TINY_WIDTH, TINY_VOCAB, TINY_POSITIONS = 8, 64, 16
+# GPT-2's parameter list with its k-th smallest distinct dimension shrunk to TINY_STEP * k (GPT-2 small: width 768 ->
+# 8, positions 1024 -> 16, 2304 -> 24, 3072 -> 32, vocabulary 50304 -> 40): the same tensors, in the same order, equal
+# shapes where GPT-2's are equal, each too small for its arithmetic to count.
+TINY_STEP = 8
 
 
 def tiny_gpt2_shapes(model_size: str) -> list[tuple[int, ...]]:
-    """:func:`gpt2_shapes` of ``model_size`` at width ``TINY_WIDTH``: as many tensors and shape groups."""
-    layers, _ = MODEL_SIZES[model_size]
-    width = TINY_WIDTH
-    block = [(width,), (3 * width, width), (width, width), (width,), (4 * width, width), (width, 4 * width)]
-    return [(TINY_VOCAB, width), (TINY_POSITIONS, width)] + block * layers + [(width,)]
+    """:func:`gpt2_shapes` of ``model_size`` shrunk (``TINY_STEP``): as many tensors and shape groups."""
+    shapes = gpt2_shapes(model_size)
+    dimensions = sorted({dimension for shape in shapes for dimension in shape})
+    tiny = {dimension: TINY_STEP * (rank + 1) for rank, dimension in enumerate(dimensions)}
+    return [tuple(tiny[dimension] for dimension in shape) for shape in shapes]
 
 
 def host_time_candidates(params: list[torch.nn.Parameter]) -> dict[str, torch.optim.Optimizer]:
@@ -313,8 +314,8 @@ def main() -> None:
     parser.add_argument("--triton-host-overhead", action="store_true",
                         help="time MARS.step (Triton backend) against its kernels alone instead (see above)")
     parser.add_argument("--host-time", action="store_true",
-                        help="time every optimizer's step on the CPU on GPT-2's parameter list shrunk to width "
-                             f"{TINY_WIDTH}: its host work (see above)")
+                        help="time every optimizer's step on the CPU on GPT-2's parameter list shrunk: its host "
+                             "work (see above)")
     parser.add_argument("--output-dir", type=Path, default=Path("results"))
     args = parser.parse_args()
     if args.host_time and args.triton_host_overhead:
@@ -329,8 +330,8 @@ def main() -> None:
             parser.error("--host-time runs on the CPU: drop --device or give --device cpu")
         times = host_time(args.model_size, args.reps, args.warmup)
         stem, table = "bench_optimizer_host_time_cpu", host_time_table(times)
-        title = (f"One optimizer step's host time, GPT-2 {args.model_size}'s parameter list at width {TINY_WIDTH} "
-                 f"(vocabulary {TINY_VOCAB}, {TINY_POSITIONS} positions), one thread")
+        title = (f"One optimizer step's host time, GPT-2 {args.model_size}'s parameter list shrunk (dimensions "
+                 f"{TINY_STEP}, {2 * TINY_STEP}, ...), one thread")
         versions = {"triton": importlib.import_module("triton").__version__} if triton_is_installed() else {}
         ratios = {"ratio_vs_adamw_foreach": ratios_to(times, BASELINE)}
         num_params = sum(torch.Size(shape).numel() for shape in tiny_gpt2_shapes(args.model_size))
