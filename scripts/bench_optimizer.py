@@ -335,6 +335,7 @@ def main() -> None:
         versions = {"triton": importlib.import_module("triton").__version__} if triton_is_installed() else {}
         ratios = {"ratio_vs_adamw_foreach": ratios_to(times, BASELINE)}
         num_params = sum(torch.Size(shape).numel() for shape in tiny_gpt2_shapes(args.model_size))
+        title += f", {len(tiny_gpt2_shapes(args.model_size))} tensors"
     elif args.triton_host_overhead:
         times = triton_host_overhead(device, args.model_size, args.reps, args.warmup)
         stem, table = f"bench_optimizer_overhead_{device.type}", overhead_table(times, device)
@@ -355,7 +356,9 @@ def main() -> None:
                         num_params=num_params, reps=args.reps, warmup=args.warmup,
                         median_ms={label: statistics.median(ms) for label, ms in times.items()}, **ratios,
                         min_ms={label: min(ms) for label, ms in times.items()}, all_ms=times)
-    write_report(args.output_dir, stem, f"{title} ({num_params / 1e6:.1f}M params)", record, table)
+    if not args.host_time:
+        title += f" ({num_params / 1e6:.1f}M params)"
+    write_report(args.output_dir, stem, title, record, table)
 
 if __name__ == "__main__":
     main()
