@@ -116,6 +116,20 @@ def test_batched_newton_schulz_through_the_graphs_buffers_steps_as_one_matrix_at
     assert [graph.captures for graph in optimizer._newton_schulz_graphs.values()] == [1]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("name", ["muon", "mars-shampoo", "mars-m"])
+def test_on_cuda_the_batched_graph_steps_bit_for_bit_as_the_batched_eager_kernels(name):
+    def on_cuda(**options):
+        params = [torch.nn.Parameter(p.cuda()) for p in initial_params()]
+        optimizer = make(name, params, ns_form="products", ns_batch=True, **options)
+        for grads, lookahead in zip(gradients(3), gradients(3, seed=2)):
+            step(optimizer, params, [g.cuda() for g in grads], [g.cuda() for g in lookahead])
+        return params
+
+    for graphed, eager in zip(on_cuda(ns_cuda_graph=True), on_cuda()):
+        assert torch.equal(graphed, eager)
+
+
 @pytest.mark.parametrize("name", ["muon", "mars-shampoo-exact", "mars-m-exact", "moonlight"])
 @pytest.mark.parametrize("saved_batched", [False, True])
 def test_a_state_dict_resumes_across_the_option_identically(name, saved_batched):
