@@ -219,12 +219,14 @@ def refuse_missing_options(optimizer: torch.optim.Optimizer, state_dict: dict[st
 
 _GRAD = operator.attrgetter("grad")
 _IS_SPARSE = operator.attrgetter("is_sparse")
+_LAYOUT = operator.attrgetter("device", "dtype", "ndim")
 
 
 class GroupPlan:
     """What a step needs of a param group that stays the same from step to step: its tensors with a gradient,
     listed by rule, and what the lists were built from: ``key`` (the ids of the group's tensors, which of them have
-    a gradient, their dimensions, the hyperparameters that choose a rule, the size of the state) and ``state``, the
+    a gradient, their devices, dtypes and dimensions, the hyperparameters that choose a rule, the size of the
+    state) and ``state``, the
     optimizer's state object. The plan holds the tensors and the state, so that no other object takes their ids
     while it is kept."""
 
@@ -242,8 +244,8 @@ class DispatchingOptimizer(torch.optim.Optimizer):
     The Python work of a step is done once and kept while nothing it depends on changes: each group's lists by rule
     (:class:`GroupPlan`), and what the rules derive from those lists (each list's state dicts, MARS's lists by
     backend: :meth:`_planned`). They are rebuilt when a tensor of a group gains or loses its gradient, a group's
-    tensors or the hyperparameters that choose a rule (``RULE_KEYS``) or a tensor's dimensions change, the state is
-    replaced or changes size (``load_state_dict``, ``state.clear()``, a first step of a tensor), or a group is
+    tensors or the hyperparameters that choose a rule (``RULE_KEYS``) or a tensor's device, dtype or dimensions
+    change (``param.data = ...``), the state is replaced or changes size (``load_state_dict``, ``state.clear()``, a first step of a tensor), or a group is
     added. Not seen: a state entry replaced by hand for the same tensor (``optimizer.state[p] = {...}``), which
     the kept lists would not read; ``load_state_dict`` is the way to set state. By default the 2-D tensors
     take the optimizer's matrix rule (:meth:`_matrix_step`) and the others its AdamW (:meth:`_adamw_step`), as in
@@ -339,7 +341,7 @@ class DispatchingOptimizer(torch.optim.Optimizer):
         if any(map(_IS_SPARSE, itertools.compress(grads, has_grad))):
             raise RuntimeError(f"{type(self).__name__} does not support sparse gradients; use dense gradients "
                                "(e.g. torch.nn.Embedding(sparse=False))")
-        key = (tuple(map(id, params)), has_grad, tuple(map(Tensor.dim, params)),
+        key = (tuple(map(id, params)), has_grad, tuple(map(_LAYOUT, params)),
                tuple(group[name] for name in self.RULE_KEYS), len(self.state))
         plans = self.__dict__.setdefault("_group_plans", {})
         plan = plans.get(index)

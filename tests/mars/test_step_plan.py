@@ -128,6 +128,19 @@ def test_a_hyperparameter_that_chooses_the_rule_resorts_the_group(name, key, val
     assert rules == {tuple(p.shape): kept.optimizer._rule(p, kept.optimizer.param_groups[0]) for p in kept.params}
 
 
+def test_a_tensor_moved_to_another_dtype_is_stepped_by_the_backend_of_its_new_dtype():
+    params = [torch.nn.Parameter(torch.randn(shape)) for shape in SHAPES]
+    optimizer = MARS(params, lr=0.01, backend="torch")
+    for param in params:
+        param.grad = torch.randn(param.shape)
+    optimizer.step()
+    params[0].data = params[0].data.double()  # the same tensor: a float64 batch of its own from now on
+    params[0].grad = params[0].grad.double()
+    optimizer.step()
+    batches = optimizer._by_backend(optimizer._group_plans[0].by_rule["backend_mars"])
+    assert [[param.dtype for param in batch] for _, batch in batches] == [[torch.float64], [torch.float32] * 2]
+
+
 class CountingState(defaultdict):
     """The optimizer's state, counting lookups of a tensor's state."""
 
