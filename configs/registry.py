@@ -148,7 +148,7 @@ def mars_arguments(cfg, device: torch.device) -> Arguments:
                       optimize_1d=cfg.optimize_1d, lr_1d=cfg.lr_1d, betas_1d=tuple(cfg.betas_1d),
                       weight_decay_1d=cfg.weight_decay_1d, backend=cfg.backend,
                       ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device, runs=mars_runs_newton_schulz(cfg)),
-                      ns_form=cfg.ns_form, ns_cuda_graph=cfg.ns_cuda_graph)
+                      ns_form=cfg.ns_form, ns_cuda_graph=cfg.ns_cuda_graph, ns_batch=cfg.ns_batch)
 
 
 def check_mars_config(cfg) -> None:
@@ -172,7 +172,7 @@ def muon_arguments(cfg, device: torch.device) -> Arguments:
                       adamw_eps=cfg.adamw_eps, adamw_weight_decay=cfg.adamw_weight_decay,
                       ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device), adamw_variant=cfg.adamw_variant,
                       update_dtype=newton_schulz_dtype(cfg.update_dtype, key="update_dtype"),
-                      ns_form=cfg.ns_form, ns_cuda_graph=cfg.ns_cuda_graph)
+                      ns_form=cfg.ns_form, ns_cuda_graph=cfg.ns_cuda_graph, ns_batch=cfg.ns_batch)
 
 
 def matrix_rule_arguments(cfg, device: torch.device) -> dict:
@@ -180,7 +180,7 @@ def matrix_rule_arguments(cfg, device: torch.device) -> dict:
     return dict(lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, ns_steps=cfg.ns_steps,
                 adamw_betas=tuple(cfg.adamw_betas), adamw_eps=cfg.adamw_eps,
                 ns_dtype=newton_schulz_dtype(cfg.ns_dtype, device=device), ns_form=cfg.ns_form,
-                ns_cuda_graph=cfg.ns_cuda_graph)
+                ns_cuda_graph=cfg.ns_cuda_graph, ns_batch=cfg.ns_batch)
 
 
 def mars_m_arguments(cfg, device: torch.device) -> Arguments:
@@ -222,7 +222,7 @@ OPTIMIZERS: dict[str, OptimizerEntry] = {entry.name: entry for entry in (
         state_keys={"mars_type": "the MARS variant and its state", **IS_APPROX,
                     "amsgrad": "the optimizer's state (the running maximum of the second moment)",
                     "optimize_1d": "which rule, and which state, the 1-D tensors have"},
-        unread_keys=lambda cfg: () if mars_runs_newton_schulz(cfg) else ("ns_dtype", "ns_form"),
+        unread_keys=lambda cfg: () if mars_runs_newton_schulz(cfg) else ("ns_dtype", "ns_form", "ns_batch"),
         paper_rows=("mars-exact", "mars-approx"), authors_draw_a_step_ahead=True),
     OptimizerEntry(MoonlightConfig, moonlight_arguments, labels={"moonlight": "Moonlight"},
                    groups=lambda model, cfg: matrix_rule_groups(model, cfg["weight_decay"]),

@@ -120,6 +120,7 @@ class MarsConfig(OptimizerConfig):
     ns_dtype: str = "auto"
     ns_form: str = "products"  # mars-shampoo's Newton-Schulz product order: the authors' products, or fused_gram
     ns_cuda_graph: bool = False  # mars-shampoo's Newton-Schulz as one CUDA graph per step (CUDA only)
+    ns_batch: bool = False  # mars-shampoo's same-shaped matrices as one batch of products (the authors': one by one)
 
 
 @dataclass
@@ -142,6 +143,7 @@ class MuonConfig(OptimizerConfig):
     # Newton-Schulz's product order (mars.newton_schulz.NS_FORMS): the authors' products, gram or fused_gram
     ns_form: str = "products"
     ns_cuda_graph: bool = False  # Newton-Schulz as one CUDA graph per step (CUDA only): no launch per kernel
+    ns_batch: bool = False  # same-shaped matrices orthogonalised as one batch (the authors': one by one)
 
 
 @dataclass
@@ -163,6 +165,7 @@ class MarsMConfig(OptimizerConfig):
     ns_dtype: str = "auto"  # auto: the authors' bfloat16 on CUDA, float32 on CPUs
     ns_form: str = "gram"  # Newton-Schulz's product order: the authors' gram, fused_gram or products
     ns_cuda_graph: bool = False  # Newton-Schulz as one CUDA graph per step (CUDA only): no launch per kernel
+    ns_batch: bool = False  # same-shaped matrices orthogonalised as one batch (the authors': one by one)
 
 
 @dataclass
@@ -179,6 +182,7 @@ class MoonlightConfig(OptimizerConfig):
     ns_dtype: str = "auto"
     ns_form: str = "gram"  # Newton-Schulz's product order: the authors' gram, fused_gram or products
     ns_cuda_graph: bool = False  # Newton-Schulz as one CUDA graph per step (CUDA only): no launch per kernel
+    ns_batch: bool = False  # same-shaped matrices orthogonalised as one batch (the authors': one by one)
 
 
 @dataclass

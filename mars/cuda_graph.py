@@ -88,16 +88,19 @@ class CapturedLists:
 
 
 class CudaGraphedNewtonSchulz:
-    """The option ``ns_cuda_graph`` of the optimizers that run Newton-Schulz, mixed into a
-    :class:`mars.optimizer.DispatchingOptimizer`: one :class:`CapturedLists` per param group for Newton-Schulz.
+    """The options of how the optimizers that run Newton-Schulz run it, mixed into a
+    :class:`mars.optimizer.DispatchingOptimizer`: ``ns_cuda_graph``, one :class:`CapturedLists` per param group for
+    Newton-Schulz, and ``ns_batch``, the matrices of one shape stacked into one batch
+    (:func:`mars.newton_schulz.orthogonalise`'s ``batch``). Neither changes what is saved.
 
     The graphs are never saved, copied or pickled (``torch.optim.Optimizer.__getstate__`` leaves them out).
     """
 
-    def __init__(self, params, defaults: dict[str, Any], *, ns_cuda_graph: bool, **options: Any):
-        if not isinstance(ns_cuda_graph, bool):
-            raise ValueError(f"ns_cuda_graph must be True or False, got {ns_cuda_graph!r}")
-        super().__init__(params, defaults, ns_cuda_graph=ns_cuda_graph, **options)
+    def __init__(self, params, defaults: dict[str, Any], *, ns_cuda_graph: bool, ns_batch: bool, **options: Any):
+        for name, value in (("ns_cuda_graph", ns_cuda_graph), ("ns_batch", ns_batch)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
+        super().__init__(params, defaults, ns_cuda_graph=ns_cuda_graph, ns_batch=ns_batch, **options)
         if ns_cuda_graph:
             for group in self.param_groups:
                 CapturedLists.check_devices(group["params"])

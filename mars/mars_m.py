@@ -60,7 +60,8 @@ class _ShapeScaledOrthogonal(CudaGraphedNewtonSchulz, DispatchingOptimizer):
     (:func:`mars.reference.apply_shape_scaled_update`); every other tensor takes the authors' AdamW
     (:func:`mars.reference.mars_m_adamw_step`) with the group's lr and weight decay."""
 
-    OPTIMIZER_OPTIONS = ("process_group", "foreach", "ns_cuda_graph")
+    OPTIMIZER_OPTIONS = ("process_group", "foreach", "ns_cuda_graph", "ns_batch")
+    RULE_KEYS = ("matrix_rule",)
 
     def _base_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """A subclass constructor's arguments (its ``locals()``) as :class:`DispatchingOptimizer` takes them: the
@@ -100,7 +101,7 @@ class _ShapeScaledOrthogonal(CudaGraphedNewtonSchulz, DispatchingOptimizer):
         # float64 ones reach float64 parameters unrounded.
         updates = orthogonalise(directions, group["ns_steps"], ns_dtype, self.process_group,
                                 eps=reference.MARS_M_NEWTON_SCHULZ_EPS, norm_in_dtype=True, out_dtype=ns_dtype,
-                                form=group["ns_form"], graph=self._newton_schulz_graph(group))
+                                form=group["ns_form"], batch=self.ns_batch, graph=self._newton_schulz_graph(group))
         rules.apply_shape_scaled_updates(params, updates, lr=as_float(group["lr"]),
                                          weight_decay=group["weight_decay"])
 
@@ -136,7 +137,8 @@ class MarsM(LookaheadGradient, _ShapeScaledOrthogonal):
     ``lr`` and ``weight_decay`` and ``adamw_betas``/``adamw_eps``, as their code does (``mars_m.py:222-250``).
     A group's own ``lr``/``weight_decay`` set those of its tensors, whichever rule they take; a group may set any
     hyperparameter of its own, and is refused (ValueError) one that holds for the whole optimizer: ``is_approx``,
-    ``process_group``, ``foreach``, ``ns_cuda_graph``. ``lr`` may be a 0-dim tensor, read as a float once per step.
+    ``process_group``, ``foreach``, ``ns_cuda_graph``, ``ns_batch``. ``lr`` may be a 0-dim tensor, read as a float
+    once per step.
 
     The remembered gradient :math:`\tilde g_{t-1}` depends on the scheme, as in :class:`mars.MARS`:
 
@@ -183,6 +185,7 @@ class MarsM(LookaheadGradient, _ShapeScaledOrthogonal):
             ``"fused_gram"``, the same products with the scalings inside them (fewer kernels, about half the
             bfloat16 rounding error).
         ns_cuda_graph: run each group's Newton-Schulz as one CUDA graph (CUDA only), as :class:`mars.Muon`'s.
+        ns_batch: orthogonalise the matrices of one shape together, as one batch, as :class:`mars.Muon`'s.
     """
 
     # The scheme fixes what the state means, so it is the optimizer's, not a group's.
@@ -193,7 +196,8 @@ class MarsM(LookaheadGradient, _ShapeScaledOrthogonal):
                  gamma: float = 0.025, clip_c: bool = True, is_approx: bool = True, ns_steps: int = 5,
                  adamw_betas: tuple[float, float] = (0.9, 0.95), adamw_eps: float = 1e-8, matrix_rule: bool = True,
                  ns_dtype: torch.dtype = torch.bfloat16, process_group: dist.ProcessGroup | None = None,
-                 foreach: bool | None = None, ns_form: str = "gram", ns_cuda_graph: bool = False):
+                 foreach: bool | None = None, ns_form: str = "gram", ns_cuda_graph: bool = False,
+                 ns_batch: bool = False):
         super().__init__(params, **self._base_arguments(locals()))
 
     def _directions(self, params, states, group, rules) -> list[Tensor]:
@@ -219,7 +223,7 @@ class MarsMEfficient(_ShapeScaledOrthogonal):
                  gamma: float = 0.025, ns_steps: int = 5, adamw_betas: tuple[float, float] = (0.9, 0.95),
                  adamw_eps: float = 1e-8, matrix_rule: bool = True, ns_dtype: torch.dtype = torch.bfloat16,
                  process_group: dist.ProcessGroup | None = None, foreach: bool | None = None, ns_form: str = "gram",
-                 ns_cuda_graph: bool = False):
+                 ns_cuda_graph: bool = False, ns_batch: bool = False):
         super().__init__(params, **self._base_arguments(locals()))
 
     def _check_group(self, group: dict[str, Any]) -> None:
@@ -251,7 +255,7 @@ class Moonlight(_ShapeScaledOrthogonal):
                  nesterov: bool = True, ns_steps: int = 5, adamw_betas: tuple[float, float] = (0.9, 0.95),
                  adamw_eps: float = 1e-8, matrix_rule: bool = True, ns_dtype: torch.dtype = torch.bfloat16,
                  process_group: dist.ProcessGroup | None = None, foreach: bool | None = None, ns_form: str = "gram",
-                 ns_cuda_graph: bool = False):
+                 ns_cuda_graph: bool = False, ns_batch: bool = False):
         super().__init__(params, **self._base_arguments(locals()))
 
     def _directions(self, params, states, group, rules) -> list[Tensor]:

@@ -48,8 +48,8 @@ class Muon(CudaGraphedNewtonSchulz, DispatchingOptimizer):
 
     A param group may set any hyperparameter of its own, and takes the constructor's for the others (a group that
     sets ``lr`` keeps the constructor's ``adamw_lr``, as its ratio to the group's own lr); ``process_group``,
-    ``ns_cuda_graph`` and ``foreach`` hold for the whole optimizer and are refused in a group. ``lr`` and
-    ``adamw_lr`` may be 1-element tensors, read as floats once per step (``adamw_lr`` once, when the group is
+    ``ns_cuda_graph``, ``ns_batch`` and ``foreach`` hold for the whole optimizer and are refused in a group. ``lr``
+    and ``adamw_lr`` may be 1-element tensors, read as floats once per step (``adamw_lr`` once, when the group is
     created).
 
     Two options default to the authors' (``MARS/train_muon.py:209-217`` combines their ``optimizers/adamw.py``
@@ -74,13 +74,16 @@ class Muon(CudaGraphedNewtonSchulz, DispatchingOptimizer):
     The group is held weakly (:class:`mars.optimizer.WeakProcessGroup`): Muon does not keep it alive.
     ``ns_cuda_graph=True`` (CUDA only) runs each group's Newton-Schulz as one CUDA graph, the same kernels without
     a launch each (:class:`mars.cuda_graph.CapturedLists`; it holds a copy of the matrices and their results).
+    ``ns_batch=True`` orthogonalises the matrices of one shape together, as one batch of products (fewer, larger
+    kernels), each normalised by its own norm: on the CPU bit for bit what one matrix at a time gives (tested); on
+    CUDA a batched product may round otherwise. Off by default, the authors' one matrix at a time.
     ``foreach`` (None, the default, or True) steps the elementwise part (momentum, the scaled update, the authors'
     AdamW) of each group's tensors together with ``torch._foreach_*`` ops (:mod:`mars.muon_foreach`: a few launches
     per operation instead of one per tensor); False steps them tensor by tensor (:data:`PER_TENSOR`). The two give
     the same results, on the CPU bit for bit. torch's AdamW (``adamw_variant="torch"``) runs tensor by tensor.
     """
 
-    OPTIMIZER_OPTIONS = ("process_group", "ns_cuda_graph", "foreach")
+    OPTIMIZER_OPTIONS = ("process_group", "ns_cuda_graph", "ns_batch", "foreach")
     LEARNING_RATES = ("lr", "adamw_lr")
     FOLLOWING_LRS = ("adamw_lr",)
 
@@ -103,6 +106,7 @@ class Muon(CudaGraphedNewtonSchulz, DispatchingOptimizer):
         ns_form: str = "products",
         ns_cuda_graph: bool = False,
         foreach: bool | None = None,
+        ns_batch: bool = False,
     ):
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, weight_decay=weight_decay,
@@ -110,7 +114,8 @@ class Muon(CudaGraphedNewtonSchulz, DispatchingOptimizer):
             adamw_weight_decay=adamw_weight_decay, ns_dtype=ns_dtype, adamw_variant=adamw_variant,
             update_dtype=update_dtype, ns_form=ns_form,
         )
-        super().__init__(params, defaults, process_group=process_group, ns_cuda_graph=ns_cuda_graph, foreach=foreach)
+        super().__init__(params, defaults, process_group=process_group, ns_cuda_graph=ns_cuda_graph, ns_batch=ns_batch,
+                         foreach=foreach)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         check_non_negative(
@@ -140,7 +145,8 @@ class Muon(CudaGraphedNewtonSchulz, DispatchingOptimizer):
         update_dtype = group["update_dtype"]
         orthogonalised = orthogonalise(directions, group["ns_steps"], group["ns_dtype"], self.process_group,
                                        norm_in_dtype=update_dtype == torch.bfloat16, out_dtype=update_dtype,
-                                       form=group["ns_form"], graph=self._newton_schulz_graph(group))
+                                       form=group["ns_form"], batch=self.ns_batch,
+                                       graph=self._newton_schulz_graph(group))
         rules.apply_muon_updates(params, orthogonalised, lr=as_float(group["lr"]), weight_decay=group["weight_decay"])
 
     def _adamw_step(self, params: list[Tensor], group: dict[str, Any]) -> None:

@@ -87,10 +87,11 @@ def assign_owners(shapes: list[torch.Size], world_size: int) -> list[int]:
 
 def newton_schulz_each(matrices: list[Tensor], steps: int, eps: float, dtype: torch.dtype, norm_in_dtype: bool,
                        form: str, batch: bool, out_dtype: torch.dtype) -> list[Tensor]:
-    """Newton-Schulz of each matrix in ``out_dtype``: one at a time, or with ``batch`` same-shaped ones stacked."""
+    """Newton-Schulz of each matrix in ``out_dtype``: one at a time, or with ``batch`` the matrices of one shape,
+    dtype and device stacked (a stack of mixed dtypes would promote them all to the widest)."""
     groups: dict[object, list[int]] = {}
     for index, matrix in enumerate(matrices):
-        groups.setdefault(matrix.shape if batch else index, []).append(index)
+        groups.setdefault((matrix.shape, matrix.dtype, matrix.device) if batch else index, []).append(index)
     results: list[Tensor | None] = [None] * len(matrices)
     for indices in groups.values():
         if len(indices) == 1:
@@ -109,17 +110,18 @@ def orthogonalise(matrices: list[Tensor], steps: int = 5, dtype: torch.dtype = t
     """Newton-Schulz of each matrix, in ``form`` (``NS_FORMS``).
 
     ``dtype`` and ``norm_in_dtype`` are :func:`mars.reference.newton_schulz5`'s; the results come back in
-    ``out_dtype``. ``batch`` stacks same-shaped matrices into one batch (fewer, larger products); off by
-    default: slower than one matrix at a time on a CPU and on an H100 of 2026-11-23, 0.24-0.37x of it on an H200
-    of 2026-11-27 (docs/speed.md), and not yet offered by the optimizers. With a ``graph`` (CUDA tensors only) this rank's work runs as one CUDA
-    graph, captured on the first call and replayed after (:class:`mars.cuda_graph.CapturedLists`: the same
-    kernels without a launch each; without a ``process_group`` the results are the graph's output buffers,
-    overwritten by its next call). With a ``process_group`` of several ranks, all holding the same
-    ``matrices`` (DDP's all-reduced gradients), each rank orthogonalises its share (:func:`assign_owners`) and an
-    all-reduce of one flat ``out_dtype`` buffer, zero outside each owner's slots, hands every rank all results
-    exactly: the cost per rank falls with the number of ranks instead of being repeated on each, and N ranks
-    return what one process does (a bfloat16 buffer, as the MARS authors' Muon sends, halves the traffic of a
-    float32 one).
+    ``out_dtype``. ``batch`` stacks same-shaped matrices into one batch (fewer, larger products; each matrix
+    normalised by its own norm, so on the CPU each result is bit for bit the one it is alone); off by default:
+    slower than one matrix at a time on a CPU and on an H100 of 2026-11-23, 0.24-0.37x of it on an H200 of
+    2026-11-27 (docs/speed.md). The optimizers offer it as ``ns_batch``. With a ``graph`` (CUDA tensors only) this
+    rank's work runs as one CUDA graph, captured on the first call and replayed after
+    (:class:`mars.cuda_graph.CapturedLists`: the same kernels without a launch each; without a ``process_group`` the
+    results are the graph's output buffers, overwritten by its next call). With a ``process_group`` of several
+    ranks, all holding the same ``matrices`` (DDP's all-reduced gradients), each rank orthogonalises its share
+    (:func:`assign_owners`) and an all-reduce of one flat ``out_dtype`` buffer, zero outside each owner's slots,
+    hands every rank all results exactly: the cost per rank falls with the number of ranks instead of being
+    repeated on each, and N ranks return what one process does (a bfloat16 buffer, as the MARS authors' Muon
+    sends, halves the traffic of a float32 one).
     """
     check_ns_form(form, norm_in_dtype)
     world_size = dist.get_world_size(process_group) if process_group is not None else 1

@@ -10,10 +10,12 @@ look-ahead gradient (MARS and MARS-M).
 import functools
 import importlib
 import importlib.util
+import itertools
+import operator
 import os
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from itertools import chain
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -255,10 +257,37 @@ def refuse_missing_options(optimizer: torch.optim.Optimizer, state_dict: dict[st
                 )
 
 
+_GRAD = operator.attrgetter("grad")
+_IS_SPARSE = operator.attrgetter("is_sparse")
+_LAYOUT = operator.attrgetter("device", "dtype", "ndim")
+
+
+class GroupPlan:
+    """What a step needs of a param group that stays the same from step to step: its tensors with a gradient,
+    listed by rule, and what the lists were built from: ``key`` (the ids of the group's tensors, which of them have
+    a gradient, their devices, dtypes and dimensions, the hyperparameters that choose a rule, the size of the
+    state) and ``state``, the
+    optimizer's state object. The plan holds the tensors and the state, so that no other object takes their ids
+    while it is kept."""
+
+    __slots__ = ("key", "state", "params", "by_rule")
+
+    def __init__(self, key: tuple, state: dict, params: tuple[Tensor, ...], by_rule: dict[str, list[Tensor]]):
+        self.key, self.state, self.params, self.by_rule = key, state, params, by_rule
+
+
 class DispatchingOptimizer(torch.optim.Optimizer):
     """The skeleton of this package's optimizers: ``step()`` sorts each group's tensors that have a gradient by the
     update rule each takes (:meth:`_rule`, one of ``RULES``) and hands the group's lists, by rule, to
-    :meth:`_step_group`; a group is checked by :meth:`_check_group` when it is added. By default the 2-D tensors
+    :meth:`_step_group`; a group is checked by :meth:`_check_group` when it is added.
+
+    The Python work of a step is done once and kept while nothing it depends on changes: each group's lists by rule
+    (:class:`GroupPlan`), and what the rules derive from those lists (each list's state dicts, MARS's lists by
+    backend: :meth:`_planned`). They are rebuilt when a tensor of a group gains or loses its gradient, a group's
+    tensors or the hyperparameters that choose a rule (``RULE_KEYS``) or a tensor's device, dtype or dimensions
+    change (``param.data = ...``), the state is replaced or changes size (``load_state_dict``, ``state.clear()``, a first step of a tensor), or a group is
+    added. Not seen: a state entry replaced by hand for the same tensor (``optimizer.state[p] = {...}``), which
+    the kept lists would not read; ``load_state_dict`` is the way to set state. By default the 2-D tensors
     take the optimizer's matrix rule (:meth:`_matrix_step`) and the others its AdamW (:meth:`_adamw_step`), as in
     Muon, MARS-M and Moonlight; MARS sorts its own way.
 
@@ -273,8 +302,8 @@ class DispatchingOptimizer(torch.optim.Optimizer):
     The options of the whole optimizer (``OPTIMIZER_OPTIONS``, passed to ``__init__`` by name) are attributes, kept
     out of the param groups that ``state_dict()`` saves, refused in a group, and kept through a copy or pickle, but
     the process group: torch.distributed owns it, and an unpickled optimizer steps alone. The optimizers that run
-    Newton-Schulz add their own option (``ns_cuda_graph``, :class:`mars.cuda_graph.CudaGraphedNewtonSchulz`); this
-    class knows nothing of Newton-Schulz.
+    Newton-Schulz add their own (``ns_cuda_graph``, ``ns_batch``: :class:`mars.cuda_graph.CudaGraphedNewtonSchulz`);
+    this class knows nothing of Newton-Schulz.
 
     State is float32 for bfloat16/float16/float32 parameters and float64 for float64 ones
     (:func:`state_zeros_like`), through ``load_state_dict`` and pickling too. A state dict whose param groups lack
@@ -290,6 +319,8 @@ class DispatchingOptimizer(torch.optim.Optimizer):
     # Steps that only initialise state and leave the parameters where they are (ADOPT's first step sets its second
     # moment): what a test expecting a step to move the weights reads.
     STATE_ONLY_STEPS: int = 0
+    # The group hyperparameters that :meth:`_rule` reads: a change sorts the group's tensors again.
+    RULE_KEYS: tuple[str, ...] = ()
 
     def __init__(self, params, defaults: dict[str, Any], **options: Any):
         if options.get("foreach") is not None:
@@ -306,6 +337,7 @@ class DispatchingOptimizer(torch.optim.Optimizer):
         refuse_optimizer_options(param_group, self)
         own_ratios = {name for name in self.FOLLOWING_LRS if ratio_key(name) in param_group}
         super().add_param_group(param_group)
+        self._forget_plans()
         group = self.param_groups[-1]
         check_real_params(group["params"], type(self).__name__)
         check_learning_rates(group, self.LEARNING_RATES)
@@ -323,6 +355,7 @@ class DispatchingOptimizer(torch.optim.Optimizer):
         state_dict = ratios_from_saved_learning_rates(state_dict, self.FOLLOWING_LRS)
         refuse_missing_options(self, state_dict)
         super().load_state_dict(state_dict)
+        self._forget_plans()  # new state dicts and param groups
         restore_state_dtype(self, state_dict)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -343,24 +376,65 @@ class DispatchingOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        # Every group is sorted before any update, so that an error (a sparse gradient) leaves every parameter and
+        # Every group is planned before any update, so that an error (a sparse gradient) leaves every parameter and
         # its state untouched.
-        sorted_groups = [self._sort_by_rule(group) for group in self.param_groups]
-        for group, by_rule in zip(self.param_groups, sorted_groups):
-            self._step_group(group, **by_rule)
+        plans = [self._plan(index, group) for index, group in enumerate(self.param_groups)]
+        for group, plan in zip(self.param_groups, plans):
+            self._step_group(group, **plan.by_rule)
         return loss
 
-    def _sort_by_rule(self, group: dict[str, Any]) -> dict[str, list[Tensor]]:
-        """The group's parameters with a gradient, listed under the rule each takes. Raises on a sparse gradient."""
-        by_rule: dict[str, list[Tensor]] = {rule: [] for rule in self.RULES}
-        for param in group["params"]:
-            if param.grad is None:
-                continue
-            if param.grad.is_sparse:
-                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients; use dense gradients "
-                                   "(e.g. torch.nn.Embedding(sparse=False))")
-            by_rule[self._rule(param, group)].append(param)
-        return by_rule
+    def _plan(self, index: int, group: dict[str, Any]) -> GroupPlan:
+        """The :class:`GroupPlan` of the group at ``index``: the kept one while its key holds, else a new one. Raises
+        on a sparse gradient."""
+        params = group["params"]
+        grads = list(map(_GRAD, params))
+        has_grad = tuple(map(operator.is_not, grads, itertools.repeat(None)))
+        if any(map(_IS_SPARSE, itertools.compress(grads, has_grad))):
+            raise RuntimeError(f"{type(self).__name__} does not support sparse gradients; use dense gradients "
+                               "(e.g. torch.nn.Embedding(sparse=False))")
+        key = (tuple(map(id, params)), has_grad, tuple(map(_LAYOUT, params)),
+               tuple(group[name] for name in self.RULE_KEYS), len(self.state))
+        plans = self.__dict__.setdefault("_group_plans", {})
+        plan = plans.get(index)
+        if plan is None or plan.state is not self.state or plan.key != key:
+            by_rule: dict[str, list[Tensor]] = {rule: [] for rule in self.RULES}
+            for param in itertools.compress(params, has_grad):
+                by_rule[self._rule(param, group)].append(param)
+            plan = plans[index] = GroupPlan(key, self.state, tuple(params), by_rule)
+            self._forget_planned()  # what was derived from the old lists
+        return plan
+
+    def _planned(self, kind: Hashable, params: list[Tensor], build: Callable[[list[Tensor]], Any]) -> Any:
+        """``build(params)``, kept (under ``kind``) while ``params`` is one of the kept plans' lists, or a list kept
+        with them (:meth:`_keep_as_planned`); other lists are built every call."""
+        if not self._is_planned(params):
+            return build(params)
+        planned = self.__dict__["_planned_results"]
+        if (kind, id(params)) not in planned:
+            planned[kind, id(params)] = build(params)
+        return planned[kind, id(params)]
+
+    def _is_planned(self, params: list[Tensor]) -> bool:
+        """Whether ``params`` is one of the kept plans' lists, or a list kept with them."""
+        planned = self.__dict__.get("_planned_results")
+        if planned is None:
+            plans = self.__dict__.get("_group_plans", {}).values()
+            planned = self.__dict__["_planned_results"] = {
+                "lists": {id(each): each for plan in plans for each in plan.by_rule.values()}}
+        return planned["lists"].get(id(params)) is params
+
+    def _keep_as_planned(self, lists: Iterable[list[Tensor]]) -> None:
+        """Let :meth:`_planned` keep what is derived from ``lists``: lists built from a planned list and held by
+        a result kept with it, so alive (and their ids theirs) as long as it is."""
+        self.__dict__["_planned_results"]["lists"].update((id(each), each) for each in lists)
+
+    def _forget_planned(self) -> None:
+        self.__dict__.pop("_planned_results", None)
+
+    def _forget_plans(self) -> None:
+        """Drop every plan and what was derived from them: the groups or the state were replaced."""
+        self.__dict__.pop("_group_plans", None)
+        self._forget_planned()
 
     def _rule(self, param: Tensor, group: dict[str, Any]) -> str:
         """The rule of ``RULES`` that steps ``param`` in ``group``."""
@@ -382,9 +456,9 @@ class DispatchingOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     def _states(self, params: list[Tensor]) -> list[dict[str, Any]]:
-        """Each parameter's state dict, to look up once per step and pass on: a lookup hashes the tensor in
-        Python (``Tensor.__hash__``), too slow to repeat for every buffer of every parameter."""
-        return [self.state[param] for param in params]
+        """Each parameter's state dict, kept with the plan for a planned list (:meth:`_planned`): a lookup hashes
+        the tensor in Python (``Tensor.__hash__``), too slow to repeat for every parameter every step."""
+        return self._planned("states", params, lambda each: [self.state[param] for param in each])
 
 
 class OneRuleOptimizer(DispatchingOptimizer):
@@ -566,9 +640,9 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
 
     A param group may set any hyperparameter of its own, and takes the constructor's for the others (a group that
     sets ``lr`` keeps the constructor's ``lr_1d``, as its ratio to the group's own lr). ``is_approx``, ``backend``,
-    ``process_group`` and ``ns_cuda_graph`` hold for the whole optimizer: a group that sets one is refused with a
-    ValueError. ``lr`` and ``lr_1d`` may be 1-element tensors, read as floats once per step (``lr_1d`` once, when the
-    group is created).
+    ``process_group``, ``ns_cuda_graph`` and ``ns_batch`` hold for the whole optimizer: a group that sets one is
+    refused with a ValueError. ``lr`` and ``lr_1d`` may be 1-element tensors, read as floats once per step
+    (``lr_1d`` once, when the group is created).
 
     Args:
         params: parameters or parameter groups.
@@ -587,8 +661,8 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
             ``"triton"`` (fused kernels; CUDA, or CPU under ``TRITON_INTERPRET=1``) or ``"auto"``
             (triton for CUDA tensors when it is installed, torch otherwise); float64 parameters, which the Triton
             kernels do not take, step with torch under ``"triton"``. mars-shampoo's 2-D tensors
-            take Newton-Schulz by torch matmuls: one tensor at a time with ``"reference"``, else same-shaped
-            tensors batched (:func:`mars.newton_schulz.orthogonalise`).
+            take Newton-Schulz by torch matmuls (:func:`mars.newton_schulz.orthogonalise`), one tensor at a time
+            (same-shaped ones batched with ``ns_batch``).
         process_group: under DDP (every rank holding the same gradients), mars-shampoo shares its
             Newton-Schulz work out across this group's ranks; the other rules are unaffected. Held weakly
             (:class:`WeakProcessGroup`): the optimizer does not keep the group alive past its destruction.
@@ -599,11 +673,14 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
             and kernels, half the bfloat16 rounding error). ``backend="reference"`` always takes the authors'.
         ns_cuda_graph: run each group's mars-shampoo Newton-Schulz as one CUDA graph (CUDA only), as
             :class:`mars.Muon`'s; not with ``backend="reference"``.
+        ns_batch: orthogonalise mars-shampoo's matrices of one shape together, as one batch, as
+            :class:`mars.Muon`'s; not with ``backend="reference"``.
     """
 
-    OPTIMIZER_OPTIONS = ("is_approx", "backend", "process_group", "ns_cuda_graph")
+    OPTIMIZER_OPTIONS = ("is_approx", "backend", "process_group", "ns_cuda_graph", "ns_batch")
     # The backends' MARS rule, mars-shampoo's rule of 2-D tensors (Newton-Schulz), AdamW.
     RULES = ("backend_mars", "shampoo_2d", "adamw")
+    RULE_KEYS = ("optimize_1d", "mars_type")
     CORRECTED_RULES = ("backend_mars", "shampoo_2d")
     LEARNING_RATES = ("lr", "lr_1d")
     FOLLOWING_LRS = ("lr_1d",)
@@ -628,10 +705,14 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
         ns_dtype: torch.dtype = torch.bfloat16,
         ns_form: str = "products",
         ns_cuda_graph: bool = False,
+        ns_batch: bool = False,
     ):
         if ns_cuda_graph is True and backend == "reference":  # another value than a bool: refused by the base
             raise ValueError("ns_cuda_graph=True captures the fast backends' Newton-Schulz; backend='reference' runs "
                              "the reference tensor by tensor: take backend='torch' or 'auto', or ns_cuda_graph=False")
+        if ns_batch is True and backend == "reference":
+            raise ValueError("ns_batch=True batches the fast backends' Newton-Schulz; backend='reference' runs the "
+                             "reference tensor by tensor: take backend='torch' or 'auto', or ns_batch=False")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if backend == "triton" and not triton_is_installed():
@@ -642,7 +723,7 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
             weight_decay_1d=weight_decay_1d, ns_dtype=ns_dtype, ns_form=ns_form,
         )
         super().__init__(params, defaults, is_approx=is_approx, backend=backend, process_group=process_group,
-                         ns_cuda_graph=ns_cuda_graph)
+                         ns_cuda_graph=ns_cuda_graph, ns_batch=ns_batch)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         check_non_negative(
@@ -722,15 +803,22 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
         # back in the widest state dtype (float64 with float64 parameters), each then cast to its own state's.
         out_dtype = functools.reduce(torch.promote_types, (direction.dtype for direction in directions))
         updates = orthogonalise(directions, dtype=ns_dtype, process_group=self.process_group, eps=eps, form=ns_form,
-                                out_dtype=out_dtype, graph=graph)
+                                out_dtype=out_dtype, batch=self.ns_batch, graph=graph)
         shampoo_foreach.apply_shampoo_updates(params, updates, lr=lr, weight_decay=weight_decay)
 
-    def _by_backend(self, params: list[Tensor]) -> Iterable[tuple[ModuleType | SimpleNamespace, list[Tensor]]]:
-        """Parameters grouped by the backend that steps them: each backend call takes tensors on one device."""
-        batches: dict[tuple[torch.device, bool], list[Tensor]] = defaultdict(list)
-        for param in params:
-            batches[param.device, param.dtype == torch.float64].append(param)
-        return [(self._backend_for(device, float64), batch) for (device, float64), batch in batches.items()]
+    def _by_backend(self, params: list[Tensor]) -> list[tuple[ModuleType | SimpleNamespace, list[Tensor]]]:
+        """Parameters grouped by the backend that steps them (each backend call takes tensors on one device); kept
+        with the plan (:meth:`_planned`), as are the groups' state dicts."""
+        def by_backend(params: list[Tensor]) -> list[tuple[ModuleType | SimpleNamespace, list[Tensor]]]:
+            batches: dict[tuple[torch.device, bool], list[Tensor]] = defaultdict(list)
+            for param in params:
+                batches[param.device, param.dtype == torch.float64].append(param)
+            return [(self._backend_for(device, float64), batch) for (device, float64), batch in batches.items()]
+
+        batches = self._planned(("backends", self.backend), params, by_backend)
+        if self._is_planned(params):
+            self._keep_as_planned(batch for _, batch in batches)
+        return batches
 
     def _backend_for(self, device: torch.device, float64: bool = False) -> ModuleType | SimpleNamespace:
         """The backend module for tensors on ``device`` (of float64 parameters, with ``float64``); never falls back
@@ -755,10 +843,13 @@ def state_buffers(params: list[Tensor], states: list[dict[str, Any]], key: str,
     """Each parameter's float32 state buffer ``key`` (zeros when new), or None when the rule has no use for it."""
     if not needed:
         return None
-    for param, state in zip(params, states):
-        if key not in state:
-            state[key] = state_zeros_like(param)
-    return [state[key] for state in states]
+    try:
+        return [state[key] for state in states]  # after the first step, every buffer is there
+    except KeyError:
+        for param, state in zip(params, states):
+            if key not in state:
+                state[key] = state_zeros_like(param)
+        return [state[key] for state in states]
 
 
 def each_tensor(rule: Callable[..., Any]) -> Callable[..., list[Any]]:

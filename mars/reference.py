@@ -70,7 +70,10 @@ def normalised_wide(matrix: Tensor, eps: float, dtype: torch.dtype, norm_in_dtyp
     x = matrix.to(dtype)
     normed = x if norm_in_dtype else matrix
     norm = normed.norm() if matrix.dim() == 2 else normed.norm(dim=(-2, -1), keepdim=True)
-    x = x / (norm + eps)
+    # A 0-dim norm leaves x's dtype alone, a batch's (batch x 1 x 1) would promote x to the norm's: rounding the
+    # quotient back to ``dtype`` makes each matrix of a batch the one it is alone (bit for bit on the CPU, where
+    # the 0-dim divisor is applied in float32 as well).
+    x = (x / (norm + eps)).to(dtype)
     transposed = matrix.size(-2) > matrix.size(-1)
     return (x.mT if transposed else x), transposed
 

@@ -2,6 +2,7 @@
 
     python -m scripts.bench_optimizer --device cpu --reps 7 --model-size small      (from the repository root)
     python -m scripts.bench_optimizer --triton-host-overhead --reps 200             (MARS.step vs its kernels)
+    python -m scripts.bench_optimizer --host-time --reps 200                         (every optimizer's host work)
 
 Every optimizer steps the same parameters and the same (random, never zero) gradients. Steps are interleaved
 across optimizers so that drifts in machine load hit them all alike, and each gets warm-up steps first (state
@@ -17,6 +18,13 @@ no-ops (``TRITON_INTERPRET=1`` imports the backend), so the table is the host's 
 with new gradient tensors (as ``zero_grad()`` and a backward pass leave them), and steps whose backend has
 forgotten its checked calls (the input checks and launch groups redone every step, as before they were cached).
 Writes ``results/bench_optimizer_overhead_<device>.{md,json}``.
+
+``--host-time`` times every optimizer of the package (and torch's foreach AdamW) on the CPU over GPT-2's parameter
+list with every dimension shrunk (to 8, 16, ...): as many tensors, shapes and shape groups, and next to no arithmetic, so
+the step's time is its host work (the Python of gathering and dispatching, torch's dispatch and a launch per
+kernel), which on a GPU runs ahead of, or holds up, the kernels: the CPU time of the step's thread, which a
+shared machine's other work does not add to. MARS with Triton is timed with no-op kernels.
+Writes ``results/bench_optimizer_host_time_cpu.{md,json}``.
 """
 import argparse
 import contextlib
@@ -31,7 +39,8 @@ from types import ModuleType
 import torch
 
 from configs.models import GPT2_SHAPES
-from mars import MARS, available_backends
+from mars import MARS, MarsM, MarsMEfficient, Moonlight, Muon, available_backends
+from mars.optimizer import triton_is_installed
 from reporting.bench_report import run_record, write_report
 
 # (layers, width) of the GPT-2 family; vocabulary padded to 50304 and 1024 positions, no biases (nanoGPT).
@@ -196,6 +205,85 @@ def triton_host_overhead(device: torch.device, model_size: str, reps: int, warmu
     return times
 
 
+# GPT-2's parameter list with its k-th smallest distinct dimension shrunk to TINY_STEP * k (GPT-2 small: width 768 ->
+# 8, positions 1024 -> 16, 2304 -> 24, 3072 -> 32, vocabulary 50304 -> 40): the same tensors, in the same order, equal
+# shapes where GPT-2's are equal, each too small for its arithmetic to count.
+TINY_STEP = 8
+
+
+def tiny_gpt2_shapes(model_size: str) -> list[tuple[int, ...]]:
+    """:func:`gpt2_shapes` of ``model_size`` shrunk (``TINY_STEP``): as many tensors and shape groups."""
+    shapes = gpt2_shapes(model_size)
+    dimensions = sorted({dimension for shape in shapes for dimension in shape})
+    tiny = {dimension: TINY_STEP * (rank + 1) for rank, dimension in enumerate(dimensions)}
+    return [tuple(tiny[dimension] for dimension in shape) for shape in shapes]
+
+
+def host_time_candidates(params: list[torch.nn.Parameter]) -> dict[str, torch.optim.Optimizer]:
+    """Every optimizer of the package, and torch's foreach AdamW, over ``params``; Newton-Schulz in float32."""
+    float32 = dict(ns_dtype=torch.float32)
+    optimizers = {
+        "MARS-AdamW (torch)": MARS(params, backend="torch"),
+        "MARS-AdamW exact (torch)": MARS(params, backend="torch", is_approx=False),
+        "MARS-Lion (torch)": MARS(params, backend="torch", mars_type="mars-lion"),
+        "MARS-Shampoo (torch)": MARS(params, backend="torch", mars_type="mars-shampoo", **float32),
+        "MARS-Shampoo (torch), ns_batch": MARS(params, backend="torch", mars_type="mars-shampoo", ns_batch=True,
+                                               **float32),
+        "Muon": Muon(params, **float32),
+        "Muon, ns_batch": Muon(params, ns_batch=True, **float32),
+        "MARS-M": MarsM(params, **float32),
+        "MARS-M exact": MarsM(params, is_approx=False, **float32),
+        "MARS-M efficient": MarsMEfficient(params, **float32),
+        "MARS-M, ns_batch": MarsM(params, ns_batch=True, **float32),
+        "Moonlight": Moonlight(params, **float32),
+        BASELINE: torch.optim.AdamW(params, lr=6e-4, weight_decay=0.1, foreach=True),
+    }
+    return optimizers
+
+
+def host_time(model_size: str, reps: int, warmup: int) -> dict[str, list[float]]:
+    """CPU milliseconds per step of every optimizer on GPT-2's parameter list shrunk to :func:`tiny_gpt2_shapes`:
+    what a step costs beside its arithmetic (Python, torch's dispatch, a launch per kernel), interleaved across
+    optimizers, on one thread (host work is one thread's; tiny ops split over threads only wait on each
+    other). MARS with the Triton backend is timed with its kernels replaced by no-ops (``TRITON_INTERPRET=1``),
+    where Triton is installed."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    device = torch.device("cpu")
+    params = make_params(tiny_gpt2_shapes(model_size), device)
+    optimizers = host_time_candidates(params)
+    no_op_kernels = contextlib.nullcontext()
+    if triton_is_installed():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the backend, and so its kernels, is imported
+        optimizers["MARS-AdamW (triton, kernels as no-ops)"] = MARS(params, backend="triton")
+        no_op_kernels = kernels_replaced_by_no_ops(importlib.import_module("mars.triton_backend"))
+    def timer(fn: Callable[[], None]) -> float:
+        # This thread's CPU time, not the wall clock: on a shared machine the wall clock also counts the time the
+        # thread waits for a core, which says nothing of the step.
+        start = time.thread_time()
+        fn()
+        return 1000.0 * (time.thread_time() - start)
+
+    with no_op_kernels:
+        for _ in range(warmup):
+            for optimizer in optimizers.values():
+                timer(step_of(optimizer))
+        times = {label: [] for label in optimizers}
+        for _ in range(reps):
+            for label, optimizer in optimizers.items():
+                times[label].append(timer(step_of(optimizer)))
+    return times
+
+
+def host_time_table(times: dict[str, list[float]]) -> str:
+    """Median and minimum CPU time per step in microseconds, and the median's ratio to torch's foreach AdamW."""
+    medians = {label: statistics.median(ms) for label, ms in times.items()}
+    lines = [f"| optimizer | median CPU us | min CPU us | vs {BASELINE} |", "|---|---:|---:|---:|"]
+    lines += [f"| {label} | {1000 * medians[label]:.0f} | {1000 * min(ms):.0f} | "
+              f"{medians[label] / medians[BASELINE]:.2f}x |" for label, ms in times.items()]
+    return "\n".join(lines)
+
+
 def ratios_to(times: dict[str, list[float]], baseline: str) -> dict[str, float]:
     """Each label's median over the baseline's."""
     medians = {label: statistics.median(ms) for label, ms in times.items()}
@@ -219,20 +307,36 @@ def overhead_table(times: dict[str, list[float]], device: torch.device) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", help="default: cuda where there is one, else cpu (--host-time: cpu)")
     parser.add_argument("--reps", type=int, default=7, help="timed steps per optimizer (median reported)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per optimizer first")
     parser.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="small")
     parser.add_argument("--triton-host-overhead", action="store_true",
                         help="time MARS.step (Triton backend) against its kernels alone instead (see above)")
+    parser.add_argument("--host-time", action="store_true",
+                        help="time every optimizer's step on the CPU on GPT-2's parameter list shrunk: its host "
+                             "work (see above)")
     parser.add_argument("--output-dir", type=Path, default=Path("results"))
     args = parser.parse_args()
+    if args.host_time and args.triton_host_overhead:
+        parser.error("--host-time and --triton-host-overhead are two benches: give one")
     if args.reps < 1:
         parser.error("--reps must be >= 1")
 
-    device = torch.device(args.device)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.host_time else "cpu"))
     num_params = sum(torch.Size(shape).numel() for shape in gpt2_shapes(args.model_size))
-    if args.triton_host_overhead:
+    if args.host_time:
+        if device.type != "cpu":
+            parser.error("--host-time runs on the CPU: drop --device or give --device cpu")
+        times = host_time(args.model_size, args.reps, args.warmup)
+        stem, table = "bench_optimizer_host_time_cpu", host_time_table(times)
+        title = (f"One optimizer step's host time, GPT-2 {args.model_size}'s parameter list shrunk (dimensions "
+                 f"{TINY_STEP}, {2 * TINY_STEP}, ...), one thread")
+        versions = {"triton": importlib.import_module("triton").__version__} if triton_is_installed() else {}
+        ratios = {"ratio_vs_adamw_foreach": ratios_to(times, BASELINE)}
+        num_params = sum(torch.Size(shape).numel() for shape in tiny_gpt2_shapes(args.model_size))
+        title += f", {len(tiny_gpt2_shapes(args.model_size))} tensors"
+    elif args.triton_host_overhead:
         times = triton_host_overhead(device, args.model_size, args.reps, args.warmup)
         stem, table = f"bench_optimizer_overhead_{device.type}", overhead_table(times, device)
         title = f"MARS.step (Triton backend) beside its kernels alone, GPT-2 {args.model_size}"
@@ -252,7 +356,9 @@ def main() -> None:
                         num_params=num_params, reps=args.reps, warmup=args.warmup,
                         median_ms={label: statistics.median(ms) for label, ms in times.items()}, **ratios,
                         min_ms={label: min(ms) for label, ms in times.items()}, all_ms=times)
-    write_report(args.output_dir, stem, f"{title} ({num_params / 1e6:.1f}M params)", record, table)
+    if not args.host_time:
+        title += f" ({num_params / 1e6:.1f}M params)"
+    write_report(args.output_dir, stem, title, record, table)
 
 if __name__ == "__main__":
     main()

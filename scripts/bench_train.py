@@ -35,13 +35,16 @@ from training.optimizers import build_optimizer
 from training.runtime import autocast_context, peak_flops, resolve_dtype
 
 CUDA_GRAPH = "optimizer.ns_cuda_graph=true"  # Newton-Schulz replayed as one CUDA graph per step: CUDA only
+NS_BATCH = "optimizer.ns_batch=true"  # same-shaped matrices orthogonalised as one batch
 # Rows beside each optimizer config's own: the paths worth timing against it.
 VARIANTS = {
     "mars-adamw": [["optimizer.is_approx=false"]],
     "muon": [["optimizer.ns_form=fused_gram"], [CUDA_GRAPH],  # mars/newton_schulz.py NS_FORMS
-             ["optimizer.ns_form=fused_gram", CUDA_GRAPH]],
-    "mars-shampoo": [[CUDA_GRAPH]],
-    "mars-m": [[CUDA_GRAPH]],
+             ["optimizer.ns_form=fused_gram", CUDA_GRAPH], [NS_BATCH], [NS_BATCH, CUDA_GRAPH],
+             ["optimizer.ns_form=fused_gram", NS_BATCH, CUDA_GRAPH]],
+    "mars-shampoo": [[CUDA_GRAPH], [NS_BATCH], [NS_BATCH, CUDA_GRAPH]],
+    "mars-m": [[CUDA_GRAPH], [NS_BATCH], [NS_BATCH, CUDA_GRAPH]],
+    "moonlight": [[NS_BATCH]],
 }
 
 
@@ -50,6 +53,7 @@ def row_name(overrides: list[str]) -> str:
     optimizer_cfg = compose_config(overrides).optimizer
     entry = REGISTRY[optimizer_cfg.name]
     options = [" fused_gram"] if optimizer_cfg.get("ns_form") == "fused_gram" else []
+    options += [" ns_batch"] if optimizer_cfg.get("ns_batch") else []
     options += [" CUDA graph"] if optimizer_cfg.get("ns_cuda_graph") else []
     return entry.labels[entry.label(optimizer_cfg)] + "".join(options)
 

@@ -5,11 +5,13 @@
 # parts.txt (one line per part: exit status, seconds, limit; 124 means the part hit its limit).
 #
 #   scripts/gpu_round.sh OUTPUT_DIR [AUTHORS_DIR]     (AUTHORS_DIR: a checkout of AGI-Arena/MARS; without it
-#                                                      the check against their optimizers is skipped, saying so)
+#                                                      the check against their optimizers and the timing of
+#                                                      their trainers are skipped, saying so)
 #
-# Budget (seconds, ~530 in all): the tests and the authors' check run side by side (neither is timed); the timed
-# benches run one at a time after them. GPU_ROUND_SCALE multiplies every limit; GPU_ROUND_SKIP="name ..." skips
-# parts (default: train_autotune, whose compilation alone outlasted a 60 s part on an H200: a round of its own);
+# Budget (seconds, ~570 in all, ~1050 with the authors' trainers: GPU_ROUND_SKIP="... authors_trainers" keeps a
+# round under 10 minutes): the tests and the authors' check run side by side (neither is timed); the timed benches
+# run one at a time after them. GPU_ROUND_SCALE multiplies every limit; GPU_ROUND_SKIP="name ..." skips parts
+# (default: train_autotune, whose compilation alone outlasted a 60 s part on an H200: a round of its own);
 # GPU_ROUND_WHEELS=DIR installs the wheels in DIR first (what the GPU machine's image lacks, docs/speed.md);
 # GPU_ROUND_DRY_RUN=1 prints each part's command instead of running it.
 set -u
@@ -65,13 +67,22 @@ wait
 # Timed, one at a time.
 part newton_schulz 70 "$python" -m scripts.bench_newton_schulz --device cuda --model-size small --compile --reps 10 \
     --output-dir "$out"
-part train_optimizers 80 "$python" -m scripts.bench_train "${small[@]}" --tag optimizers --optimizers AdamW \
-    "MARS-approx" Muon "Muon CUDA graph" "Muon fused_gram CUDA graph" MARS-Shampoo "MARS-Shampoo CUDA graph"
+part train_optimizers 110 "$python" -m scripts.bench_train "${small[@]}" --tag optimizers --optimizers AdamW \
+    "MARS-approx" Muon "Muon CUDA graph" "Muon fused_gram CUDA graph" "Muon ns_batch" "Muon ns_batch CUDA graph" \
+    "Muon fused_gram ns_batch CUDA graph" MARS-Shampoo "MARS-Shampoo CUDA graph" "MARS-Shampoo ns_batch CUDA graph"
 part train_mfu 60 "$python" -m scripts.bench_train "${small[@]}" --tag mfu --optimizers AdamW --loss-chunk-sizes 0 4096
-part train_mars_m 60 "$python" -m scripts.bench_train "${small[@]}" --tag mars_m --optimizers AdamW "MARS-M" \
-    "MARS-M CUDA graph" Moonlight
+part train_mars_m 70 "$python" -m scripts.bench_train "${small[@]}" --tag mars_m --optimizers AdamW "MARS-M" \
+    "MARS-M CUDA graph" "MARS-M ns_batch CUDA graph" Moonlight
 part optimizer_overhead 30 "$python" -m scripts.bench_optimizer --triton-host-overhead --device cuda --reps 200 \
     --warmup 5 --output-dir "$out"
+# The authors' train_adamw.py, train_mars.py and train_muon.py beside train.py's presets, one process each under
+# torchrun: GPT-2 small's step time on both sides (six compiled runs of 60 steps: minutes).
+if [ -n "$authors" ]; then
+    part authors_trainers 480 "$python" -m scripts.bench_authors_trainers --authors-dir "$authors" --steps 60 \
+        --output-dir "$out"
+else
+    echo "authors_trainers: skipped, no checkout of AGI-Arena/MARS given" | tee -a "$out/parts.txt"
+fi
 # Skipped by default: max-autotune compiles for minutes; what it reaches in its time is kept row by row.
 part train_autotune 400 "$python" -m scripts.bench_train "${small[@]}" --tag autotune --optimizers AdamW \
     --compile-modes max-autotune-no-cudagraphs

@@ -444,12 +444,14 @@ OURS = {
 OURS_BY_OPTIMIZER = {
     "adamw": {},
     "mars": {"optimizer.backend": "auto", "optimizer.ns_dtype": "auto", "optimizer.ns_form": "products",
-             "optimizer.ns_cuda_graph": False},
-    "muon": {"optimizer.ns_dtype": "auto", "optimizer.ns_form": "products", "optimizer.ns_cuda_graph": False},
+             "optimizer.ns_cuda_graph": False,
+             "optimizer.ns_batch": False},
+    "muon": {"optimizer.ns_dtype": "auto", "optimizer.ns_form": "products", "optimizer.ns_cuda_graph": False,
+             "optimizer.ns_batch": False},
     # MARS-M and Moonlight decay every tensor (MARS_M/train_mars_m.py:221, train_moonlight.py:217): the key is
     # not read by them.
     "mars-m": {"optimizer.ns_dtype": "auto", "optimizer.ns_form": "gram", "optimizer.ns_cuda_graph": False,
-               "optimizer.decay_embeddings": False},
+               "optimizer.ns_batch": False, "optimizer.decay_embeddings": False},
     "moonlight": {"optimizer.ns_dtype": "auto", "optimizer.ns_form": "gram", "optimizer.ns_cuda_graph": False,
-                  "optimizer.decay_embeddings": False},
+                  "optimizer.ns_batch": False, "optimizer.decay_embeddings": False},
 }

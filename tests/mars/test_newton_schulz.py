@@ -179,3 +179,14 @@ def test_batch_decides_whether_same_shaped_matrices_go_through_as_one_stack(monk
     orthogonalise([torch.randn(shape) for shape in SHAPES], dtype=torch.float32, batch=batch)
     expected = [(2, 12, 4), (4, 12), (8, 8), (16, 8), (3, 5)] if batch else SHAPES
     assert sorted(shapes_seen) == sorted(expected)
+
+
+@pytest.mark.parametrize("norm_in_dtype", [False, True])
+def test_a_batch_is_iterated_in_the_newton_schulz_dtype_and_each_matrix_as_it_is_alone(norm_in_dtype):
+    # A batch's float32 norms (batch x 1 x 1) once promoted the bfloat16 copy to float32, and the iteration ran in it.
+    torch.manual_seed(3)
+    batch = torch.randn(3, 8, 16)
+    x, _ = reference.normalised_wide(batch, 1e-7, torch.bfloat16, norm_in_dtype)
+    assert x.dtype == torch.bfloat16
+    for matrix, normalised in zip(batch, x):
+        assert torch.equal(normalised, reference.normalised_wide(matrix, 1e-7, torch.bfloat16, norm_in_dtype)[0])

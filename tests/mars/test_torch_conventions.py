@@ -454,11 +454,12 @@ GROUP_VALUES = {
     "ns_form": "fused_gram", "momentum": 0.8, "nesterov": False, "ns_steps": 3, "adamw_lr": 1e-4,
     "adamw_betas": (0.8, 0.9), "adamw_eps": 1e-3, "adamw_weight_decay": 0.3, "adamw_variant": "torch",
     "update_dtype": torch.float32, "clip_c": False, "matrix_rule": False,
-    "is_approx": None, "backend": None, "process_group": None, "ns_cuda_graph": None, "foreach": None,
+    "is_approx": None, "backend": None, "process_group": None, "ns_cuda_graph": None, "ns_batch": None,
+    "foreach": None,
 }
 # Values other than the defaults of the options of the whole optimizer.
 OTHER_THAN_DEFAULT = {"is_approx": False, "backend": "reference", "process_group": "another group",
-                      "ns_cuda_graph": True, "foreach": False}
+                      "ns_cuda_graph": True, "ns_batch": True, "foreach": False}
 # mars-shampoo, so that every MARS option shows in the steps (ns_dtype and ns_form too).
 GROUP_BASE = {cls: {} for cls in optimizers_of_mars()} | {MARS: dict(mars_type="mars-shampoo", backend="torch")}
 CONSTRUCTOR_ARGUMENTS = [pytest.param(cls, name, id=f"{cls.__name__}-{name}") for cls in GROUP_BASE

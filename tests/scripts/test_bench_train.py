@@ -63,8 +63,10 @@ def test_the_cuda_graph_rows_are_left_out_on_a_cpu_and_refused_when_asked_for(tm
                         lambda label, *_: benched.append(label) or {"label": label, "step_ms": 1.0})
     monkeypatch.setattr(bench_train, "markdown_table", lambda rows, device: "")
     bench_train.main(["--device", "cpu", "--output-dir", str(tmp_path)])
-    assert bench_train.CUDA_ONLY == {"Muon CUDA graph", "Muon fused_gram CUDA graph", "MARS-Shampoo CUDA graph",
-                                     "MARS-M CUDA graph"}
+    assert bench_train.CUDA_ONLY == {
+        "Muon CUDA graph", "Muon fused_gram CUDA graph", "Muon ns_batch CUDA graph",
+        "Muon fused_gram ns_batch CUDA graph", "MARS-Shampoo CUDA graph", "MARS-Shampoo ns_batch CUDA graph",
+        "MARS-M CUDA graph", "MARS-M ns_batch CUDA graph"}
     assert benched == [label for label in bench_train.OPTIMIZERS if label not in bench_train.CUDA_ONLY]
     with pytest.raises(SystemExit) as exit:
         bench_train.main(["--device", "cpu", "--optimizers", "Muon CUDA graph", "--output-dir", str(tmp_path)])
@@ -94,6 +96,7 @@ def test_every_row_is_a_valid_config_of_what_it_names():
         validate(cfg)
         assert cfg.optimizer.get("ns_cuda_graph", False) == ("CUDA graph" in label), label
         assert ("fused_gram" in label) == (cfg.optimizer.get("ns_form") == "fused_gram"), label
+        assert ("ns_batch" in label) == cfg.optimizer.get("ns_batch", False), label
         assert bench_train.orthogonalises(label) == (
             label.startswith(("Muon", "MARS-Shampoo", "MARS-M", "Moonlight"))), label
 

@@ -29,10 +29,22 @@ def dry_run(tmp_path, **env) -> dict[str, list[str]]:
 def test_the_round_has_every_part_the_speed_page_quotes_and_skips_autotune_unless_asked(tmp_path):
     parts = list(dry_run(tmp_path))
     assert set(parts[:2]) == {"tests", "authors"}  # untimed, side by side: in either order
-    assert parts[2:] == ["newton_schulz", "train_optimizers", "train_mfu", "train_mars_m", "optimizer_overhead"]
+    assert parts[2:] == ["newton_schulz", "train_optimizers", "train_mfu", "train_mars_m", "optimizer_overhead",
+                         "authors_trainers"]
     assert "train_autotune" in dry_run(tmp_path, GPU_ROUND_SKIP="")
     assert list(dry_run(tmp_path, GPU_ROUND_SKIP="tests authors")) == [
-        "newton_schulz", "train_optimizers", "train_mfu", "train_mars_m", "optimizer_overhead", "train_autotune"]
+        "newton_schulz", "train_optimizers", "train_mfu", "train_mars_m", "optimizer_overhead", "authors_trainers",
+        "train_autotune"]
+
+
+def test_the_authors_trainers_are_timed_from_the_checkout_given_and_skipped_without_one(tmp_path):
+    command = dry_run(tmp_path)["authors_trainers"]
+    assert command[command.index("--authors-dir") + 1] == str(tmp_path / "authors")
+    assert command[command.index("--output-dir") + 1] == str(tmp_path / "out")
+    result = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], env={**os.environ, "GPU_ROUND_DRY_RUN": "1"},
+                            capture_output=True, text=True, check=True, cwd=ROOT)
+    assert "authors_trainers: skipped, no checkout of AGI-Arena/MARS given" in result.stdout.splitlines()
+    assert not any(line.startswith("authors_trainers:") and "python" in line for line in result.stdout.splitlines())
 
 
 @pytest.mark.slow

@@ -164,6 +164,14 @@ def test_ns_cuda_graph_is_off_by_default_reaches_a_cuda_optimizer_and_is_refused
             build_optimizer(cfg.optimizer, tiny_model())
 
 
+@pytest.mark.parametrize("optimizer", ["mars-m", "moonlight", "muon", "mars-shampoo"])
+def test_ns_batch_is_off_by_default_and_reaches_the_optimizer(optimizer):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        for overrides, expected in (([], False), (["optimizer.ns_batch=true"], True)):
+            cfg = compose(config_name="config", overrides=[f"optimizer={optimizer}", *overrides])
+            assert build_optimizer(cfg.optimizer, tiny_model()).ns_batch is expected
+
+
 def test_the_memory_efficient_mars_m_has_no_exact_scheme():
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name="config", overrides=["optimizer=mars-m", "optimizer.memory_efficient=true",
