@@ -109,7 +109,13 @@ def run(device: torch.device, model_size: str, reps: int, warmup: int) -> dict[s
     """Milliseconds of each timed step, per optimizer label, interleaved across optimizers."""
     torch.manual_seed(0)
     optimizers = candidates(make_params(gpt2_shapes(model_size), device), device)
-    timer = make_timer(device)
+    return interleaved_times(optimizers, make_timer(device), reps, warmup)
+
+
+def interleaved_times(optimizers: dict[str, torch.optim.Optimizer], timer: Callable[[Callable[[], None]], float],
+                      reps: int, warmup: int) -> dict[str, list[float]]:
+    """``timer`` of each optimizer's step, ``reps`` rounds after ``warmup``, one step of each in turn: a machine's
+    slow spell falls on every optimizer alike."""
     for _ in range(warmup):
         for optimizer in optimizers.values():
             timer(step_of(optimizer))
@@ -265,14 +271,7 @@ def host_time(model_size: str, reps: int, warmup: int) -> dict[str, list[float]]
         return 1000.0 * (time.thread_time() - start)
 
     with no_op_kernels:
-        for _ in range(warmup):
-            for optimizer in optimizers.values():
-                timer(step_of(optimizer))
-        times = {label: [] for label in optimizers}
-        for _ in range(reps):
-            for label, optimizer in optimizers.items():
-                times[label].append(timer(step_of(optimizer)))
-    return times
+        return interleaved_times(optimizers, timer, reps, warmup)
 
 
 def host_time_table(times: dict[str, list[float]]) -> str:
