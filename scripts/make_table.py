@@ -254,8 +254,9 @@ def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
               "every evaluation, as the authors, the figure to compare with the paper), never the step-0 evaluation "
               "of the untrained model; final val loss: the last evaluation's, which shows a late blow-up; fixed "
               "windows: the best on the same windows at every evaluation, which every run scores.",
-              "", "code: the commit each launch of the runs ran (train.py logs it), + where it ran uncommitted changes "
-              "(saved in the run's code/ directory), – where not logged."]
+              "", "code: the commit each launch of the runs ran (train.py logs it), + and the first digits of the "
+              "patch's digest where it ran uncommitted changes (saved in the run's code/ directory), – where not "
+              "logged."]
     if any_mixed_code:
         lines.append("Settings with more than one code version ran them in different seeds or launches: check "
                      "that the changes between them leave the results alone before comparing.")
