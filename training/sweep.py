@@ -1,7 +1,9 @@
 """A sweep survives a bad point. A point that is refused, diverges or fails is recorded in its own directory
-(``failure.json``) and the next point runs; when the sweep ends, the process that launched it names each failed
-point and exits non-zero, whether the points ran in it (``-m``) or in jobs of their own (submitit, SLURM). One
-command resumes a run, or a sweep in its own directory (``resume_command``); a sweep keeps it in ``resume.sh``."""
+(``failure.json``, and ``rerun.sh``, which reruns it alone) and the next point runs; a point that another live
+launch holds, or that finished already, is skipped, its directory left as it was. When the sweep ends, the process
+that launched it names each failed point and exits non-zero, whether the points ran in it (``-m``) or in jobs of
+their own (submitit, SLURM). One command resumes a run, or a sweep in its own directory (``resume_command``); a
+sweep keeps it in ``resume.sh``."""
 import contextlib
 import datetime
 import json
