@@ -30,7 +30,7 @@ from training.distributed import (DistributedContext, all_gather_objects, distri
                                   wrap_data_parallel)
 from training.divergence import DivergenceGuard, ValLossWatch, initial_val_loss
 from training.eval_weights import evaluation_weights
-from training.finished import keep_finished_checkpoints, nothing_left_to_train
+from training.finished import finished_step, keep_finished_checkpoints, nothing_left_to_train
 from training.hellaswag import training_items
 from training.metrics import MetricsLogger, StepWindow, default_run_name, read_metrics
 from training.optimizers import build_optimizer, local_optimizer, state_bytes
@@ -38,7 +38,8 @@ from training.preemption import PreemptionSignal, refuse_if_terminated
 from training.provenance import code_on_every_rank, launch_record
 from training.resume import Resumed, resume_run
 from training.run_checkpoint import save_run_checkpoint
-from training.run_dir import RunDirectoryLock, locked_run_directory, register_run_dir_resolver, write_hydra_record
+from training.run_dir import (RunDirectoryLock, locked_run_directory, register_run_dir_resolver, write_held_job_log,
+                              write_hydra_record)
 from training.runtime import autocast_context, peak_flops, resolve_device, resolve_dtype, seed_everything, set_tf32
 from training.schedule import apply_schedule, warn_about_schedule_shortfalls
 from training.summary import Progress, closing_summary, opening_lines, tell_closing_summary
@@ -55,7 +56,7 @@ register_run_dir_resolver()
 @hydra.main(version_base=None, config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    with failures_recorded(run_dir) as progress:
+    with failures_recorded(run_dir, lambda: finished_step(run_dir, cfg.train.max_iters)) as progress:
         train(cfg, run_dir, progress)
 
 
@@ -97,8 +98,11 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
     metrics = MetricsLogger(run_dir, cfg.wandb, config_dict, cfg.wandb.run_name or default_run_name(cfg),
                             resumed.wandb_run_id, enabled=ctx.is_main)
     metrics.discard_after(start_step if progress.checkpoint else -1)  # a fresh start keeps nothing of an old log
+    # Only now, with the resume accepted and steps to train, does this launch become the run's: its config the
+    # run's record, its log lines (those held back so far too) the run's log.
+    lock.taken_over = progress.took_over_run_dir = True
+    write_held_job_log()
     if ctx.is_main:
-        # Only now, with the resume accepted and steps to train, does this config become the run's record.
         write_hydra_record(run_dir, cfg)
         clear_failure(run_dir)
     if resumed.changes:  # the log says from which step on the run ran with which changed settings
@@ -148,8 +152,8 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
         logging_now = done % t.log_interval == 0 or done == t.max_iters
         evaluating = done % t.eval_interval == 0 or done == t.max_iters
         scoring_hellaswag = bool(hellaswag_items) and (done % t.hellaswag_interval == 0 or done == t.max_iters)
-        checkpointing = done % t.checkpoint_interval == 0 or done == t.max_iters or preempted
-        if device.type == "cuda" and (logging_now or evaluating or scoring_hellaswag or checkpointing):
+        checkpoint_due = done % t.checkpoint_interval == 0 or done == t.max_iters
+        if device.type == "cuda" and (logging_now or evaluating or scoring_hellaswag or checkpoint_due or preempted):
             # Only training steps count towards throughput: before anything else starts, this step's queued
             # work (its optimizer step) must be done. Between plain steps the GPU is left to run ahead.
             torch.cuda.synchronize()
@@ -164,7 +168,11 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
             with evaluation_weights(optimizer):  # an averaging optimizer's (training/eval_weights.py)
                 metrics.log({"step": done, "tokens": progress.tokens,
                              **hellaswag_accuracy(model, hellaswag_items, autocast, ctx)})
-        if checkpointing:
+        if (evaluating or scoring_hellaswag) and not preempted:
+            # A signal that came during the evaluation stops the run at this step, as its message says, not a step
+            # later: the ranks agree on it here (in a step, its all-reduce carries it).
+            preempted = signal_on_any_rank(preemption.received, ctx)
+        if checkpoint_due or preempted:
             progress.checkpoint = save_run_checkpoint(run_dir, progress, model, optimizer, train_batches.draws,
                                                       config_dict, data_read, metrics.wandb_run_id,
                                                       guard.skipped_steps, t.keep_checkpoints, lock, ctx)
@@ -275,6 +283,11 @@ def accumulate_gradients(model, batches: TokenBatches, step: int, grad_accum_ste
 def clip_gradients(model, max_norm: float) -> torch.Tensor:
     """Clip to ``max_norm`` (0 disables clipping) and return the pre-clip global gradient norm (on the device)."""
     return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else math.inf)
+
+
+def signal_on_any_rank(received: bool, ctx: DistributedContext) -> bool:
+    """Whether any rank got a termination signal, every rank alike."""
+    return any(all_gather_objects(received, ctx)) if ctx.enabled else received
 
 
 def read_step_scalars(loss: torch.Tensor, grad_norm: torch.Tensor, lookahead_norm: torch.Tensor, preempted: bool,

@@ -117,10 +117,14 @@ def as_yaml(value):
 
 def code_label(launch: dict) -> str:
     """A launch's code as a table shows it: the commit's first 7 digits, ``+`` if it ran uncommitted changes
-    (saved in the run's ``code/`` directory), ``unknown`` where it ran outside a git checkout."""
+    (saved in the run's ``code/`` directory; new source files among them), then the patch's first 7 digits where
+    the record has them (two runs of one commit with other changes differ), ``unknown`` where it ran outside a
+    git checkout."""
     if launch["commit"] is None:
         return "unknown"
-    return launch["commit"][:7] + ("+" if launch["patch"] else "")
+    if not launch["patch"]:
+        return launch["commit"][:7]
+    return f"{launch['commit'][:7]}+{(launch.get('patch_sha256') or '')[:7]}"
 
 
 def data_label(data: dict | None) -> str:

@@ -10,7 +10,7 @@ stopped or is still going: the table and the figures mark it.
 A sweep point that was refused, diverged or failed holds ``failure.json`` (its kind, reason, last step and
 overrides; a refused point may hold nothing else): it is a run too (``Run.failure``).
 A run's best validation loss is that of its evaluations after step 0 (the step-0 one scores the untrained model);
-besides it, its final one (``Run.final_val_loss``) shows a late blow-up, and its best within the first B tokens
+a diverged run's best is that before it diverged (``Run.best_val_loss_before_diverging``); besides it, its final one (``Run.final_val_loss``) shows a late blow-up, and its best within the first B tokens
 (``Run.best_val_loss_within``) is what a shorter budget B reads off a longer run.
 Which runs count as seeds of one setting is ``reporting.run_selection``'s subject.
 """
@@ -98,6 +98,16 @@ class Run:
     @property
     def best_val_loss(self) -> float | None:
         losses = [r["val/loss"] for r in self.trained_evaluations]
+        return min(losses) if losses else None
+
+    @property
+    def best_val_loss_before_diverging(self) -> float | None:
+        """A diverged run's best validation loss before the step it diverged at (after step 0, as any best): how
+        far it got before its blow-up. None for a run that did not diverge, or diverged before an evaluation."""
+        if not self.failed or self.failure["kind"] != "diverged":
+            return None
+        losses = [r["val/loss"] for r in self.trained_evaluations
+                  if r["step"] < self.failure.get("step", 0) and math.isfinite(r["val/loss"])]
         return min(losses) if losses else None
 
     @property

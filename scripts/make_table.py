@@ -254,8 +254,9 @@ def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
               "every evaluation, as the authors, the figure to compare with the paper), never the step-0 evaluation "
               "of the untrained model; final val loss: the last evaluation's, which shows a late blow-up; fixed "
               "windows: the best on the same windows at every evaluation, which every run scores.",
-              "", "code: the commit each launch of the runs ran (train.py logs it), + where it ran uncommitted changes "
-              "(saved in the run's code/ directory), – where not logged."]
+              "", "code: the commit each launch of the runs ran (train.py logs it), + and the first digits of the "
+              "patch's digest where it ran uncommitted changes (saved in the run's code/ directory), – where not "
+              "logged."]
     if any_mixed_code:
         lines.append("Settings with more than one code version ran them in different seeds or launches: check "
                      "that the changes between them leave the results alone before comparing.")
@@ -265,7 +266,9 @@ def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
     if any_failed:
         lines += ["", "Rows marked failed are sweep points that were refused, diverged or failed otherwise "
                   "(failure.json in the run directory): the runs column gives each one's reason. A failed run is "
-                  "never averaged with the healthy seeds of its setting: it has a row of its own, without a loss."]
+                  "never averaged with the healthy seeds of its setting: it has a row of its own, whose best val "
+                  "loss is none, or for a diverged run the best it reached before diverging (best before: ...), "
+                  "which the first table never takes."]
     if any_left_out:
         lines += ["", "Runs of one setting with the same seed (a sweep run again in another directory) are one run, "
                   "not two seeds: the runs column names the one kept (one that did not fail, then the one that "
@@ -278,10 +281,14 @@ def number_cell(value: float | None) -> str:
 
 
 def failed_cell(setting: Setting) -> str:
-    """``failed (diverged)`` for a setting of failed runs; else no loss yet."""
+    """``failed (diverged)`` for a setting of failed runs, ``failed (diverged; best before: 7.592)`` where its
+    runs reached a loss before they diverged (their mean); else no loss yet."""
     if not setting.failed:
         return MISSING
-    return f"failed ({', '.join(dict.fromkeys(run.failure['kind'] for run in setting.runs))})"
+    kinds = ", ".join(dict.fromkeys(run.failure["kind"] for run in setting.runs))
+    before = [run.best_val_loss_before_diverging for run in setting.runs
+              if run.best_val_loss_before_diverging is not None]
+    return f"failed ({kinds}; best before: {statistics.fmean(before):.3f})" if before else f"failed ({kinds})"
 
 
 def runs_cell(setting: Setting) -> str:

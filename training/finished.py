@@ -37,13 +37,18 @@ def finished_step(run_dir: Path, max_iters: int) -> int | None:
 
 def nothing_left_to_train(run_dir: Path, cfg: DictConfig, ctx: DistributedContext) -> bool:
     """Whether a resume of ``run_dir`` finds the run finished (every rank alike); then it says so, and which
-    configured changes it did not apply, and nothing of the run is loaded or rewritten."""
+    configured changes it did not apply, and nothing of the run is loaded or rewritten (its train.log neither:
+    these lines go to the console only). A run past ``train.max_iters`` is refused, naming its step."""
     step = finished_step(run_dir, cfg.train.max_iters)
     if len(set(all_gather_objects(step, ctx))) > 1:
         raise ValueError(f"the ranks see different checkpoints in {run_dir}: every rank must see the same run "
                          "directory, on a file system they share; check it and resume again")
     if step is None:
         return False
+    if step > cfg.train.max_iters:  # a job chain must not read success: the run is not where it was asked to be
+        raise ValueError(f"{run_dir} is at step {step}, past train.max_iters={cfg.train.max_iters}: a resume cannot "
+                         f"train back to an earlier step. Resume with train.max_iters={step} or more, or start over "
+                         "in it with train.overwrite=true")
     deleted = not checkpoint_files(run_dir)
     log.info("already at train.max_iters=%d: nothing to do (%s)", cfg.train.max_iters,
              f"the run finished at step {step}; its checkpoints were deleted then, train.finished_checkpoints=none"

@@ -28,6 +28,10 @@ PATCH_DIR = "code"  # in the run directory: one patch per launch that ran uncomm
 PATCH_NAME = re.compile(r"launch_(\d+)\.patch")  # named after the step the launch started at
 GIT_TIMEOUT_S = 30
 MAX_UNTRACKED_NAMES = 20  # a launch record lists this many untracked files at most (and counts them all)
+# New (untracked) source and config files of the project's packages are saved with a launch's patch, up to this
+# many bytes in all: a new optimizer's module is some kilobytes; a stray data file there would bloat every run.
+SOURCE_SUFFIXES = (".py", ".yaml")
+MAX_SAVED_UNTRACKED_BYTES = 2**20
 # Set by a launch script for the torchrun it runs: the script's command line with its settings, as shell words.
 LAUNCH_SCRIPT_VARIABLE = "TRAIN_LAUNCH_SCRIPT"
 
@@ -57,18 +61,47 @@ def checkout_commit(root: Path) -> str | None:
 
 
 def code_version(root: Path = PROJECT_ROOT) -> dict:
-    """The commit checked out at ``root`` (:func:`checkout_commit`), the uncommitted change to its tracked files
-    (``diff``, a patch in bytes, empty when clean) and the untracked files that git does not ignore
-    (``untracked``: their names only, for they may be anything; new source files are among them until added).
-    A copy of the project installed inside a user's own repository reports no commit rather than theirs.
+    """The commit checked out at ``root`` (:func:`checkout_commit`), the uncommitted change to its code (``diff``,
+    a patch in bytes, empty when clean) and the untracked files that git does not ignore (``untracked``).
+
+    The change is that of the tracked files and, as new files, the untracked source and config files of the
+    project's packages (a new optimizer's module and config, not yet added): ``untracked_saved``, up to
+    ``MAX_SAVED_UNTRACKED_BYTES`` in all. Other untracked files (they may be anything) are only named, each with
+    why it was left out (``untracked_left_out``). A copy of the project installed inside a user's own repository
+    reports no commit rather than theirs.
     """
     commit = checkout_commit(root)
     if commit is None:
-        return {"commit": None, "diff": b"", "untracked": []}
-    diff = git(root, "diff", "HEAD", "--binary")
-    untracked = git(root, "ls-files", "--others", "--exclude-standard", "-z")
-    return {"commit": commit, "diff": diff or b"",
-            "untracked": sorted(os.fsdecode(name) for name in (untracked or b"").split(b"\0") if name)}
+        return {"commit": None, "diff": b"", "untracked": [], "untracked_saved": [], "untracked_left_out": {}}
+    diff = git(root, "diff", "HEAD", "--binary") or b""
+    listed = git(root, "ls-files", "--others", "--exclude-standard", "-z")
+    untracked = sorted(os.fsdecode(name) for name in (listed or b"").split(b"\0") if name)
+    saved, left_out = [], {}
+    packages = {package.name for package in project_packages(root)}
+    for name in untracked:
+        path = root / name
+        if Path(name).parts[0] not in packages or path.suffix not in SOURCE_SUFFIXES or not path.is_file():
+            left_out[name] = "not a source or config file of the project's packages"
+        elif sum(len(patch) for patch in saved) + path.stat().st_size > MAX_SAVED_UNTRACKED_BYTES:
+            left_out[name] = f"past the {MAX_SAVED_UNTRACKED_BYTES // 2**10} KiB of new files a launch saves"
+        elif (patch := new_file_patch(root, name)) is None:
+            left_out[name] = "git could not write it as a patch"
+        else:
+            saved.append(patch)
+    untracked_saved = [name for name in untracked if name not in left_out]
+    return {"commit": commit, "diff": diff + b"".join(saved), "untracked": untracked,
+            "untracked_saved": untracked_saved, "untracked_left_out": left_out}
+
+
+def new_file_patch(root: Path, name: str) -> bytes | None:
+    """The untracked file ``name`` as a patch that creates it (``git apply`` on the commit), or None where git
+    cannot write one."""
+    try:
+        result = subprocess.run(["git", "-C", str(root), "diff", "--no-index", "--no-ext-diff", "--binary", "--",
+                                 os.devnull, name], capture_output=True, timeout=GIT_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout if result.returncode == 1 and result.stdout else None  # 1: the files differ
 
 
 def library_versions() -> dict:
@@ -112,7 +145,7 @@ def project_source(root: Path = PROJECT_ROOT) -> dict[str, str]:
     Python and YAML files of the project's packages, whether git knows them or not (a copy without ``.git``, an
     edited file), and whether or not this process has imported them yet (the optimizers load after the check)."""
     files = [root / "train.py"] + [path for package in project_packages(root)
-                                   for pattern in ("*.py", "*.yaml") for path in package.rglob(pattern)
+                                   for suffix in SOURCE_SUFFIXES for path in package.rglob(f"*{suffix}")
                                    if "__pycache__" not in path.parts]
     return {path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
             for path in sorted(files) if path.is_file()}
@@ -190,8 +223,9 @@ def patch_files(run_dir: Path) -> list[Path]:
 
 
 def launch_record(run_dir: Path, step: int, code: dict, ranks: list[dict], device: torch.device) -> dict:
-    """The launch's record for metrics.jsonl; an uncommitted change is saved as ``code/launch_<step>.patch`` in
-    ``run_dir`` (``git apply`` it on the commit to get the code back).
+    """The launch's record for metrics.jsonl; an uncommitted change (new source files of the project's packages
+    among it: :func:`code_version`) is saved as ``code/launch_<step>.patch`` in ``run_dir`` (``git apply`` it on the
+    commit to get the code back), and named by its digest; the untracked files left out are named, with why.
 
     The patches of launches at ``step`` or later go first: a resume from ``step`` drops those launches' records
     from the log (:meth:`training.metrics.MetricsLogger.discard_after`), and a patch must not outlive its record.
@@ -212,8 +246,13 @@ def launch_record(run_dir: Path, step: int, code: dict, ranks: list[dict], devic
                 "record the code it ran; free space or fix the directory, then launch again (train.resume=true "
                 "continues from the last checkpoint)") from None
         patch = str(path.relative_to(run_dir))
+    left_out = list(code["untracked_left_out"].items())
     return {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             **launch_command(), "commit": code["commit"], "patch": patch,
+            "patch_sha256": hashlib.sha256(code["diff"]).hexdigest() if patch else None,
+            "untracked_saved": code["untracked_saved"][:MAX_UNTRACKED_NAMES],
+            "untracked_left_out": [list(item) for item in left_out[:MAX_UNTRACKED_NAMES]],
+            "untracked_left_out_count": len(left_out),
             "ranks": [{"host": report["host"], "commit": report["commit"], "source_sha256": report["source_sha256"]}
                       for report in ranks],
             "untracked": code["untracked"][:MAX_UNTRACKED_NAMES], "untracked_count": len(code["untracked"]),
@@ -229,11 +268,13 @@ def describe_launch(launch: dict) -> str:
     else:
         notes = []
         if launch["patch"]:
-            notes.append(f"uncommitted changes: {launch['patch']}")
-        if launch["untracked_count"]:
-            more = ", ..." if launch["untracked_count"] > len(launch["untracked"]) else ""
-            notes.append(f"{launch['untracked_count']} untracked file(s) not saved: "
-                         f"{', '.join(launch['untracked'])}{more}")
+            new = launch["untracked_saved"]
+            notes.append(f"uncommitted changes: {launch['patch']}"
+                         + (f", with {len(new)} new file(s): {', '.join(new)}" if new else ""))
+        if launch["untracked_left_out_count"]:
+            more = ", ..." if launch["untracked_left_out_count"] > len(launch["untracked_left_out"]) else ""
+            notes.append(f"{launch['untracked_left_out_count']} untracked file(s) not saved: "
+                         + ", ".join(f"{name} ({why})" for name, why in launch["untracked_left_out"]) + more)
         code = f"code {launch['commit'][:12]}" + (f" ({'; '.join(notes)})" if notes else "")
     versions = " | ".join(f"{name} {version}" for name, version in launch["versions"].items())
     return f"{code} | {versions} | {launch['world_size']} x {launch['device']} on {', '.join(launch['hosts'])}"

@@ -243,7 +243,10 @@ def resume_run(run_dir: Path, t, config_dict: dict, data_read: dict, model, opti
     found = find_resume_checkpoint(run_dir, ctx.device, ctx)
     if found is None:
         refuse_a_point_kept_under_another_name(run_dir, config_dict)
-        log.warning("train.resume=true but %s has no checkpoint yet: starting from scratch", run_dir)
+        if in_sweep():  # a resumed sweep starts the points it had not reached: nothing amiss
+            log.info("starting %s from step 0: no checkpoint of this point yet", run_dir)
+        else:
+            log.warning("train.resume=true but %s has no checkpoint yet: starting from scratch", run_dir)
         return Resumed()
     checkpoint_path, ckpt = found
     changes = resume_from(ckpt, checkpoint_path, config_dict, model, optimizer, ctx, draws)

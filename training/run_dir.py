@@ -40,6 +40,16 @@ class RunDirectoryError(ValueError):
     """The run directory cannot be used as asked; the message says why and what to do."""
 
 
+class RunDirectoryInUse(RunDirectoryError):
+    """Another live process holds the run directory's lock (``holder``: its host and pid, as run.lock names them)."""
+
+    holder = ""
+
+
+class RunDirectoryTaken(RunDirectoryError):
+    """A fresh start found another run's records in the run directory."""
+
+
 class RunDirectoryLock:
     """An exclusive lock on ``run_dir`` held while a run writes to it: ``flock`` on the directory itself and on
     ``run_dir/run.lock``.
@@ -50,6 +60,9 @@ class RunDirectoryLock:
     the file keeps the holder's host and pid for the message a second run gets. A run.lock deleted while the run
     lives is locked again before each checkpoint (:meth:`hold_on`). Where the file system has no locks (some
     Lustre mounts), the run goes on with a warning.
+
+    A launch that does not take the directory over (``taken_over``: it was refused, or had nothing to do) puts
+    back, at its release, the holder that run.lock named before: it leaves another run's directory as it was.
     """
 
     def __init__(self, run_dir: Path):
@@ -57,6 +70,8 @@ class RunDirectoryLock:
         self.path = self.run_dir / LOCK_FILE
         self.directory = None  # descriptor of the locked directory
         self.file = None
+        self.taken_over = False
+        self.previous_holder: str | None = None  # what run.lock said before this lock wrote its holder
 
     def acquire(self) -> None:
         try:
@@ -76,6 +91,9 @@ class RunDirectoryLock:
     def _write_holder(self) -> None:
         """Who holds run.lock, for the message a second run gets."""
         self.file.seek(0)
+        if self.previous_holder is None:
+            self.previous_holder = self.file.read()
+            self.file.seek(0)
         self.file.truncate()
         self.file.write(f"host {socket.gethostname()}, pid {os.getpid()}, since "
                         f"{datetime.datetime.now().isoformat(timespec='seconds')}\n")
@@ -154,11 +172,12 @@ class RunDirectoryLock:
         try:
             fcntl.flock(target, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RunDirectoryError(
+            in_use = RunDirectoryInUse(
                 f"{self.run_dir} is in use by a running training run ({self.holder() or 'another process'}): two "
                 "runs in one directory would mix their logs and checkpoints. Give this run its own hydra.run.dir, "
-                "or stop the other run first"
-            ) from None
+                "or stop the other run first")
+            in_use.holder = self.holder()  # kept when the error travels to the other ranks (pickled)
+            raise in_use from None
         except OSError as err:
             if err.errno not in LOCKS_UNSUPPORTED:
                 raise
@@ -176,6 +195,11 @@ class RunDirectoryLock:
         # Closing drops the flocks; run.lock stays (unlinking it would race a new holder).
         if self.file is not None:
             file, self.file = self.file, None
+            if not self.taken_over and self.previous_holder is not None:
+                with contextlib.suppress(OSError):  # a full disk: the holder line is all that differs
+                    file.seek(0)
+                    file.truncate()
+                    file.write(self.previous_holder)
             with contextlib.suppress(OSError):  # its close flushes what a full disk refused; the flock goes anyway
                 file.close()
         if self.directory is not None:
@@ -294,7 +318,7 @@ def claim_for_fresh_start(run_dir: Path, overwrite: bool) -> None:
         return
     listing = ", ".join(str(path) for path in files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
     if not overwrite:
-        raise RunDirectoryError(
+        raise RunDirectoryTaken(
             f"{run_dir} already holds a run ({listing}). Continue it with train.resume=true, start over in it "
             "with train.overwrite=true (deletes those files), or give this run another hydra.run.dir"
         )
@@ -334,10 +358,10 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
             f"train.resume=true continues the run in {run_dir} and train.overwrite=true deletes it: pick one"
         )
     check_writable(run_dir)
-    remove_partial_checkpoints(run_dir)
     if not resume:
         claim_for_fresh_start(run_dir, overwrite)
-    elif not checkpoint_files(run_dir) and finished_without_checkpoints(run_dir) is None:
+    remove_partial_checkpoints(run_dir)  # once the launch may continue or replace the run there
+    if resume and not checkpoint_files(run_dir) and finished_without_checkpoints(run_dir) is None:
         kept = set_aside_orphan_log(run_dir)
         if kept is not None:
             log.warning("train.resume=true but %s has no checkpoint: the run starts from step 0, and the log of "
@@ -355,11 +379,11 @@ def locked_run_directory(run_dir: Path, resume: bool, overwrite: bool, ctx: Dist
             lock.acquire()
             prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)
         except RunDirectoryError as err:
-            problem = str(err)
-    problems = [message for message in all_gather_objects(problem, ctx) if message]
+            problem = err
+    problems = [err for err in all_gather_objects(problem, ctx) if err is not None]
     try:
         if problems:
-            raise RunDirectoryError(problems[0])
+            raise problems[0]  # of its kind (in use, taken), which a sweep tells apart from a failed point
         yield lock
     finally:
         lock.release()
@@ -377,6 +401,7 @@ class WritableRunDirectory(Callback):
 
     def on_job_start(self, config: DictConfig, **kwargs) -> None:
         stop_on_log_file_errors()
+        hold_job_log()
 
 
 class LogFileWriteError(ValueError):
@@ -389,6 +414,50 @@ def stop_on_log_file_errors() -> None:
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handleError = lambda record, handler=handler: log_file_failed(handler, record)
+
+
+class HeldLines(logging.Filter):
+    """On the job log's handler until the launch takes its run directory over: keeps the lines back."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.records.append(record)
+        return False
+
+
+def held_job_logs() -> list[tuple[logging.FileHandler, HeldLines]]:
+    return [(handler, held) for handler in logging.getLogger().handlers if isinstance(handler, logging.FileHandler)
+            for held in handler.filters if isinstance(held, HeldLines)]
+
+
+def hold_job_log() -> None:
+    """Keep the job log's lines (train.log, in the run directory) back until the launch takes the directory over
+    (``write_held_job_log``) or finds it another run's (``drop_held_job_log``): a launch refused for a directory
+    that holds another run, or a resume with nothing to do, leaves that run's log as it was. The console shows
+    every line as it comes."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.addFilter(HeldLines())
+
+
+def write_held_job_log() -> None:
+    """The launch took its run directory over (or the directory held no other run): write the lines held back,
+    and every line from here on."""
+    for handler, held in held_job_logs():
+        handler.removeFilter(held)
+        for record in held.records:
+            handler.handle(record)
+
+
+def drop_held_job_log() -> None:
+    """The run directory is another run's: nothing of this launch goes into its log, not even the lines a sweep's
+    launcher logs before its next point."""
+    for handler, _ in held_job_logs():
+        logging.getLogger().removeHandler(handler)
+        handler.close()
 
 
 def log_file_failed(handler: logging.FileHandler, record: logging.LogRecord) -> None:

@@ -18,10 +18,12 @@ RESUME_LINE_VARIABLE = "TRAIN_RESUME_LINE_FILE"
 
 @dataclass
 class Progress:
-    """How far the run got: its last completed training step (what a failure record names), the tokens trained on
-    by then, and its newest checkpoint (resumed from, or written by this launch: rank 0 alone holds the path of
-    one it wrote)."""
+    """How far the run got: whether this launch took its run directory over (a launch refused for it, or with
+    nothing to do there, did not: it leaves the directory as it was), its last completed training step (what a
+    failure record names), the tokens trained on by then, and its newest checkpoint (resumed from, or written by
+    this launch: rank 0 alone holds the path of one it wrote)."""
 
+    took_over_run_dir: bool = False
     step: int = 0
     tokens: int = 0
     checkpoint: Path | None = None

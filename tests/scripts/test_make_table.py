@@ -239,13 +239,32 @@ def test_failed_sweep_points_have_rows_of_their_own_with_their_reason(tmp_path, 
     assert rows == {
         ("0.003", "0.025", "0_gamma=0.025"): ["1", "6.000", "0_gamma=0.025"],
         ("0.003", "0.025", "1_gamma=0.025,seed=2"): [
-            "1", "failed (diverged)", "1_gamma=0.025,seed=2 (diverged at step 60: the loss is nan at step 61)"],
+            "1", "failed (diverged; best before: 5.000)",
+            "1_gamma=0.025,seed=2 (diverged at step 60: the loss is nan at step 61)"],
         ("0.003", "0.5", "2_gamma=0.5"): ["1", "failed (diverged)", "2_gamma=0.5 (diverged at step 0: the loss is inf "
                                                                     "at step 1)"],
         ("-1", "0.025", "3_optimizer.lr=-1"): [
             "1", "failed (refused)", "3_optimizer.lr=-1 (refused: optimizer.lr must be positive, got -1.0)"]}
     assert table_rows(table, "### Shakespeare (embedded): best validation loss")["MARS-approx"] == ["6.000"]
     assert "A failed run is never averaged with the healthy seeds of its setting" in table
+
+
+def test_a_run_that_blew_up_after_its_best_shows_that_best_as_a_diverged_runs_and_the_first_table_takes_none(
+        tmp_path, make_run, make_failure):
+    # Trained to 7.592 at step 20, then resumed with lr 30: 1471 at step 30, where the watch stopped it.
+    mars = [*TINY, "optimizer=mars-adamw"]
+    blown = make_run(tmp_path / "blown", [*mars, "train.max_iters=40"], [10.8, 7.9, 7.592, 1471.3], 1024,
+                     eval_steps=[0, 10, 20, 30])
+    make_failure(blown, "diverged", "val loss 1471, above 1.1 x the step-0 val loss 10.8", 30, mars)
+    # Diverged at its first evaluation after step 0: the untrained step 0 is no best.
+    early = make_run(tmp_path / "early", [*mars, "train.max_iters=40", "optimizer.lr=10"], [10.8, 900.0], 1024,
+                     eval_steps=[0, 10])
+    make_failure(early, "diverged", "val loss 900, above 1.1 x the step-0 val loss 10.8", 10, mars)
+    table = make_table(load_runs([str(tmp_path)]))
+    rows = {row[12].split(" ")[0]: row[7:9] for row in setting_rows(table)}
+    assert rows == {"blown": ["failed (diverged; best before: 7.592)", "1471.300"],
+                    "early": ["failed (diverged)", "900.000"]}
+    assert table_rows(table, "### Shakespeare (embedded): best validation loss")["MARS-approx"] == ["–"]
 
 
 def test_two_runs_of_one_seed_count_once_and_the_table_says_which_it_kept(tmp_path, make_run):

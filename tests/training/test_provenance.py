@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.provenance import (DifferentCodeOnRanks, check_same_code, checkout_commit, code_version, device_name,
-                                 describe_launch, launch_record, project_source, rank_code)
+from scripts.run_labels import code_label
+from training.provenance import (MAX_SAVED_UNTRACKED_BYTES, DifferentCodeOnRanks, check_same_code, checkout_commit,
+                                 code_version, device_name, describe_launch, launch_record, project_source, rank_code)
 
 GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "init.defaultBranch=main"]
 
@@ -31,7 +32,8 @@ def checkout(tmp_path) -> Path:
 
 def test_a_clean_checkout_reports_its_commit_and_no_change(checkout):
     code = code_version(checkout)
-    assert code == {"commit": git(checkout, "rev-parse", "HEAD").strip(), "diff": b"", "untracked": []}
+    assert code == {"commit": git(checkout, "rev-parse", "HEAD").strip(), "diff": b"", "untracked": [],
+                    "untracked_saved": [], "untracked_left_out": {}}
 
 
 def test_the_saved_patch_applied_on_the_commit_gives_back_the_code_that_ran(checkout, tmp_path):
@@ -49,6 +51,60 @@ def test_the_saved_patch_applied_on_the_commit_gives_back_the_code_that_ran(chec
     git(again, "checkout", "-q", launch["commit"])
     git(again, "apply", str(tmp_path / "run" / launch["patch"]))
     assert (again / "optimizer.py").read_text() == "lr = 3e-3\n" and not (again / "model.py").exists()
+
+
+@pytest.fixture
+def project_checkout(tmp_path) -> Path:
+    """A git checkout laid out as this project: pyproject.toml naming its packages, one module committed."""
+    repo = tmp_path / "project"
+    (repo / "mars").mkdir(parents=True)
+    (repo / "configs" / "optimizer").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text('[tool.setuptools.packages.find]\ninclude = ["mars*", "configs*"]\n')
+    (repo / "mars" / "__init__.py").write_text("")
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "first")
+    return repo
+
+
+def test_new_source_files_of_the_projects_packages_are_saved_so_the_record_rebuilds_the_code(project_checkout,
+                                                                                              tmp_path):
+    # An optimizer being written: its module and config not yet added to git.
+    (project_checkout / "mars" / "adopt.py").write_text("class Adopt:\n    pass\n")
+    (project_checkout / "configs" / "optimizer" / "adopt.yaml").write_text("name: adopt\nlr: 1e-3\n")
+    (project_checkout / "mars" / "table.py").write_bytes(b"#" * (MAX_SAVED_UNTRACKED_BYTES + 1))  # too big to save
+    (project_checkout / "notes.txt").write_text("ideas\n")  # not the project's source
+    code = code_version(project_checkout)
+    assert code["untracked_saved"] == ["configs/optimizer/adopt.yaml", "mars/adopt.py"]
+    assert code["untracked_left_out"] == {
+        "mars/table.py": "past the 1024 KiB of new files a launch saves",
+        "notes.txt": "not a source or config file of the project's packages"}
+    launch = launch_record(tmp_path / "run", 0, code, [rank_code(code, project_checkout)], torch.device("cpu"))
+    assert launch["patch"] == "code/launch_00000000.patch"
+    assert ("uncommitted changes: code/launch_00000000.patch, with 2 new file(s): configs/optimizer/adopt.yaml, "
+            "mars/adopt.py; 2 untracked file(s) not saved: mars/table.py (past the 1024 KiB of new files a launch "
+            "saves), notes.txt (not a source or config file of the project's packages)") in describe_launch(launch)
+
+    again = tmp_path / "again"
+    git(tmp_path, "clone", "-q", str(project_checkout), str(again))
+    git(again, "checkout", "-q", launch["commit"])
+    git(again, "apply", str(tmp_path / "run" / launch["patch"]))
+    assert (again / "mars" / "adopt.py").read_text() == "class Adopt:\n    pass\n"
+    assert (again / "configs" / "optimizer" / "adopt.yaml").read_text() == "name: adopt\nlr: 1e-3\n"
+    assert not (again / "mars" / "table.py").exists() and not (again / "notes.txt").exists()
+
+    # The table's code column tells the run apart from a clean one, and from one with other new files.
+    (project_checkout / "mars" / "adopt.py").write_text("class Adopt:\n    eps = 1e-6\n")
+    other = code_version(project_checkout)
+    other_launch = launch_record(tmp_path / "other", 0, other, [rank_code(other, project_checkout)],
+                                 torch.device("cpu"))
+    for path in ("mars/adopt.py", "mars/table.py", "configs/optimizer/adopt.yaml", "notes.txt"):
+        (project_checkout / path).unlink()
+    clean = code_version(project_checkout)
+    clean_launch = launch_record(tmp_path / "clean", 0, clean, [rank_code(clean, project_checkout)],
+                                 torch.device("cpu"))
+    labels = [code_label(record) for record in (launch, other_launch, clean_launch)]
+    assert len(set(labels)) == 3 and labels[2] == launch["commit"][:7] and labels[0].startswith(labels[2] + "+")
 
 
 def test_a_clean_launch_writes_no_patch(checkout, tmp_path):

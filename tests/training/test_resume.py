@@ -91,6 +91,20 @@ def test_sigterm_checkpoints_the_current_step_and_stops_cleanly(tmp_path, uninte
     assert train_losses(resumed) == train_losses(uninterrupted)
 
 
+@pytest.mark.slow
+def test_ctrl_c_during_an_evaluation_checkpoints_that_step_as_its_message_says_without_training_another(tmp_path):
+    # Evaluations at steps 2, 4, ... of 100 batches a split, seconds long: the signal comes during the one of step
+    # 2, whose training record is logged just before it; step 2 is no checkpoint step.
+    process = start_and_wait_for_step(tmp_path, 2, "train.eval_interval=2", "train.eval_iters=100",
+                                      "train.checkpoint_interval=100")
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=300) == 0, read_output(process)
+    assert "received SIGINT: finishing this step, then checkpointing and stopping" in read_output(process)
+    _, checkpoint = latest_checkpoint(tmp_path, "cpu")
+    assert checkpoint["step"] == 2 and max(train_losses(read_metrics(tmp_path))) == 2
+    assert 2 in {r["step"] for r in read_metrics(tmp_path) if "val/loss" in r}  # the evaluation it interrupted ended
+
+
 def test_a_torn_last_metrics_line_is_ignored(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/loss": 2.0}) + '\n{"step": 2, "tra')
     assert read_metrics(tmp_path) == [{"step": 1, "train/loss": 2.0}]

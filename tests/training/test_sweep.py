@@ -80,7 +80,8 @@ def test_a_sweep_whose_points_run_as_jobs_of_their_own_reports_this_launchs_fail
     result = sweep(tmp_path, *jobs, "optimizer.gamma=0.025,-0.1")
     assert result.returncode == 1, result.stderr
     last_lines = result.stderr.strip().splitlines()[-2:]
-    assert last_lines == [f"failed: {point(tmp_path, 1)}: optimizer.gamma must be >= 0, got -0.1",
+    assert last_lines == [f"failed: {point(tmp_path, 1)}: optimizer.gamma must be >= 0, got -0.1 | rerun it alone: "
+                          f"bash {point(tmp_path, 1)}/rerun.sh",
                           "1 of 2 sweep points failed (each one's failure.json says why); the others ran"]
     assert failure(point(tmp_path, 1))["kind"] == "refused" and last_step(point(tmp_path, 0)) == 2
     # The resume command is the launching one (a job runs submitit's program, not train.py), in resume.sh, which
@@ -238,12 +239,17 @@ def test_a_sweep_with_a_finite_blow_up_and_a_refused_gamma_gives_a_table_and_fig
     assert record["kind"] == "diverged" and record["step"] == 2, record
     assert record["reason"] == (f"val loss {val_losses(blown)[2]:.4g}, above 1.1 x the step-0 val loss "
                                 f"{initial:.4g} (train.diverged_val_loss_ratio)")
-    # The sweep's advice names this one point and reruns it alone, in its directory.
+    # The sweep's advice names this one point's rerun.sh, once: a script in its directory that reruns it alone.
     [told] = [line for line in result.stderr.splitlines() if line.startswith(f"failed: {blown}: ")]
     assert told.startswith(f"failed: {blown}: diverged at step 2: {record['reason']}; last good checkpoint: "), told
-    rerun = shlex.split(told.split("To rerun this point alone, lower optimizer.lr or raise train.warmup_iters in: ")[1])
-    assert "-m" not in rerun and "optimizer.lr=10" in rerun and "optimizer.gamma=0.025" in rerun, rerun
-    assert rerun[-2:] == [f"hydra.run.dir='{blown}'", "train.resume=true"]
+    assert "lower optimizer.lr or raise train.warmup_iters in its rerun.sh" in told
+    rerun = told.split(" | rerun it alone: ")[1]
+    assert rerun == f"bash {blown}/rerun.sh" and (result.stdout + result.stderr).count(rerun) == 1, result.stdout
+    script = (blown / "rerun.sh").read_text()
+    words = shlex.split(script.split(" && exec ")[1].replace("\\\n", ""))  # as sh reads its continued lines
+    assert "-m" not in words and "optimizer.lr=10" in words and "optimizer.gamma=0.025" in words, script
+    assert words[-2:] == [f"hydra.run.dir='{blown}'", "train.resume=true"]
+    assert "  optimizer.lr=10 \\\n" in script  # one setting a line: changed by editing that line
 
     runs = load_runs([str(tmp_path)])
     rows = setting_rows(make_table(runs))
@@ -289,10 +295,21 @@ def test_a_sweep_with_a_finite_blow_up_and_a_refused_gamma_gives_a_table_and_fig
     assert len(axes.get_legend().get_texts()) == 3  # the refused points, which draw nothing, have no entry
     plt.close(figure)
 
-    # Followed with a lower lr, the advice trains the point in its directory, and it fails no more.
-    lowered = ["optimizer.lr=1e-3" if arg == "optimizer.lr=10" else arg for arg in rerun]
-    assert warm_python.run(lowered, cwd=REPO, timeout=600).returncode == 0
-    assert failure(blown) is None and last_step(blown) == 4
+    # Followed with a lower lr, run as printed from a shell without the venv, the script trains the point in its
+    # directory, and it fails no more.
+    (blown / "rerun.sh").write_text(script.replace("  optimizer.lr=10 \\\n", "  optimizer.lr=1e-3 \\\n"))
+    rerun_result = subprocess.run(rerun, shell=True, cwd=tmp_path, env=shell_without_venv(), capture_output=True,
+                                  text=True, timeout=600)
+    assert rerun_result.returncode == 0, rerun_result.stderr
+    assert failure(blown) is None and last_step(blown) == 4 and not (blown / "rerun.sh").exists()
+
+
+def shell_without_venv() -> dict[str, str]:
+    """The environment of a shell in which the project's virtual environment was never activated."""
+    venv_bin = str(Path(sys.executable).parent)
+    env = {key: value for key, value in os.environ.items() if key != "VIRTUAL_ENV"}
+    env["PATH"] = os.pathsep.join(entry for entry in env.get("PATH", "").split(os.pathsep) if entry != venv_bin)
+    return env
 
 
 @pytest.mark.slow
@@ -418,3 +435,63 @@ def test_a_directory_in_a_resume_line_reads_back_as_itself_through_hydras_overri
     from training.sweep import hydra_value
     [override] = OverridesParser.create().parse_overrides([f"hydra.run.dir={hydra_value(path)}"])
     assert override.value() == path
+
+
+def files(run_dir: Path) -> dict[str, bytes]:
+    return {path.relative_to(run_dir).as_posix(): path.read_bytes() for path in sorted(run_dir.rglob("*"))
+            if path.is_file()}
+
+
+def steps_trained(run_dir) -> list[int]:
+    return [r["step"] for r in read_metrics(run_dir) if "train/loss" in r]
+
+
+@pytest.mark.slow
+def test_a_sweep_resumed_while_its_first_launch_is_suspended_skips_what_that_launch_holds_and_fails_no_point(
+        tmp_path):
+    # As SLURM suspends a job: the first launch stopped (SIGSTOP) while it trains point 0, resume.sh run meanwhile.
+    overrides = ["train.max_iters=4", "train.eval_interval=2", "optimizer.lr=1e-3,2e-3"]
+    output = open(tmp_path / "first.out", "w+")
+    first = subprocess.Popen([sys.executable, "train.py", "-m", f"hydra.sweep.dir={tmp_path}", *TINY, *overrides],
+                             cwd=REPO, stdout=output, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while not any(last_step(run_dir) >= 1 for run_dir in tmp_path.glob("0_*")):
+        assert first.poll() is None and time.monotonic() < deadline, "the sweep's first point did not train"
+        time.sleep(0.02)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        second = subprocess.run(["bash", str(tmp_path / "resume.sh")], cwd=REPO, capture_output=True, text=True,
+                                timeout=600)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    held, started = point(tmp_path, 0), point(tmp_path, 1)
+    assert second.returncode == 0 and "failed" not in second.stderr, second.stderr
+    assert f"skipped {held}: another launch is training it (host " in second.stdout, second.stdout
+    # A point the resume starts for the first time is started, not warned about.
+    assert f"starting {started} from step 0: no checkpoint of this point yet" in second.stdout, second.stdout
+    assert "has no checkpoint yet" not in second.stdout + second.stderr
+    resumed_files = files(started)
+    assert first.wait(timeout=600) == 0
+    output.seek(0)
+    first_output = output.read()
+    assert f"skipped {started}: it finished already, at step 4" in first_output, first_output
+    assert "failed" not in first_output and files(started) == resumed_files  # the finished point left as it was
+    for run_dir in (held, started):
+        assert failure(run_dir) is None and steps_trained(run_dir) == [1, 2, 3, 4]
+    rows = setting_rows(make_table(load_runs([str(tmp_path)])))
+    assert len(rows) == 2 and not any("failed" in " ".join(row) for row in rows.values()), rows
+
+
+@pytest.mark.slow
+def test_a_sweep_launched_twice_at_once_into_one_directory_trains_each_point_once_and_fails_none(tmp_path):
+    # A job submitted twice: whichever launch reaches a point second finds it held, or finished, and skips it.
+    command = [sys.executable, "train.py", "-m", f"hydra.sweep.dir={tmp_path}", *TINY, "train.max_iters=4",
+               "train.eval_interval=2", "optimizer.lr=1e-3,2e-3,3e-3"]
+    launches = [subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(2)]
+    outputs = [launch.communicate(timeout=600) for launch in launches]
+    assert [launch.returncode for launch in launches] == [0, 0], outputs
+    skipped = [line for stdout, _ in outputs for line in stdout.splitlines() if "skipped " in line]
+    assert len(skipped) == 3, outputs  # each point trained by one launch, skipped by the other
+    for index in range(3):
+        assert failure(point(tmp_path, index)) is None and steps_trained(point(tmp_path, index)) == [1, 2, 3, 4]
