@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scripts.run_labels import code_label
+from reporting.run_labels import code_label
 from training.provenance import (MAX_SAVED_UNTRACKED_BYTES, DifferentCodeOnRanks, check_same_code, checkout_commit,
                                  code_version, device_name, describe_launch, launch_record, project_source, rank_code)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from scripts.make_table import make_table
-from scripts.run_selection import load_runs
+from reporting.run_selection import load_runs
 from tests import warm_python
 
 REPO = Path(__file__).resolve().parents[2]
