@@ -98,28 +98,8 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
     metrics = MetricsLogger(run_dir, cfg.wandb, config_dict, cfg.wandb.run_name or default_run_name(cfg),
                             resumed.wandb_run_id, enabled=ctx.is_main)
     metrics.discard_after(start_step if progress.checkpoint else -1)  # a fresh start keeps nothing of an old log
-    # Only now, with the resume accepted and steps to train, does this launch become the run's: its config the
-    # run's record, its log lines (those held back so far too) the run's log.
-    lock.taken_over = progress.took_over_run_dir = True
-    write_held_job_log()
-    if ctx.is_main:
-        write_hydra_record(run_dir, cfg)
-        clear_failure(run_dir)
-    if resumed.changes:  # the log says from which step on the run ran with which changed settings
-        metrics.record({"step": start_step, "resumed_from": str(progress.checkpoint),
-                        "changed": {key: list(values) for key, values in resumed.changes.items()}})
-    metrics.record_launch(start_step, "data", data_read)
-    metrics.record_launch(start_step, "evaluation", {"sampling": t.eval_sampling.value, "batches": t.eval_iters,
-                                                     "windows": t.eval_iters * t.batch_size})
-    # Which code, libraries and hosts ran the steps from here on.
-    launch = launch_record(run_dir, start_step, code, rank_codes, device) if ctx.is_main else None
-    if launch is not None:
-        metrics.record_launch(start_step, "launch", launch)
-    for line in opening_lines(cfg, data_read, launch, model.config.num_params(non_embedding=False), ctx.world_size,
-                              run_dir):
-        log.info(line)
-    if ctx.is_main:
-        warn_about_schedule_shortfalls(t, cfg.optimizer.lr)
+    take_over_run(cfg, run_dir, ctx, lock, progress, metrics, resumed.changes, data_read, (code, rank_codes),
+                  model.config.num_params(non_embedding=False))
 
     tokens_per_step = t.batch_size * t.block_size * t.grad_accum_steps * ctx.world_size
     window = StepWindow(tokens_per_step, t.max_iters, model.config.flops_per_token(t.block_size), peak_flops(device),
@@ -187,6 +167,33 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
         tell_closing_summary(closing_summary(read_metrics(run_dir), progress, t.max_iters, run_dir, resume_command(),
                                              tabulate_dir))
     watch.raise_if_diverged(progress.checkpoint)
+
+
+def take_over_run(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, lock: RunDirectoryLock, progress: Progress,
+                  metrics: MetricsLogger, changes: dict, data_read: dict, codes: tuple, num_params: int) -> None:
+    """Make this launch the run's (called with the resume accepted and steps to train): its config the run's record,
+    its log lines (those held back so far too) the run's log; then record what the launch reads and runs, and open
+    the log. ``codes``: this rank's code and every rank's (:func:`code_on_every_rank`)."""
+    t = cfg.train
+    lock.taken_over = progress.took_over_run_dir = True
+    write_held_job_log()
+    if ctx.is_main:
+        write_hydra_record(run_dir, cfg)
+        clear_failure(run_dir)
+    if changes:  # the log says from which step on the run ran with which changed settings
+        metrics.record({"step": progress.step, "resumed_from": str(progress.checkpoint),
+                        "changed": {key: list(values) for key, values in changes.items()}})
+    metrics.record_launch(progress.step, "data", data_read)
+    metrics.record_launch(progress.step, "evaluation", {"sampling": t.eval_sampling.value, "batches": t.eval_iters,
+                                                        "windows": t.eval_iters * t.batch_size})
+    # Which code, libraries and hosts ran the steps from here on.
+    launch = launch_record(run_dir, progress.step, *codes, ctx.device) if ctx.is_main else None
+    if launch is not None:
+        metrics.record_launch(progress.step, "launch", launch)
+    for line in opening_lines(cfg, data_read, launch, num_params, ctx.world_size, run_dir):
+        log.info(line)
+    if ctx.is_main:
+        warn_about_schedule_shortfalls(t, cfg.optimizer.lr)
 
 
 def evaluate(model, optimizer, train_batches: TokenBatches, val_batches: TokenBatches, step: int, progress: Progress,
