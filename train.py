@@ -108,11 +108,25 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
                     schedule=t.lr_schedule, decay_fraction=t.decay_fraction)
     guard = DivergenceGuard(t.max_skipped_steps, resumed.skipped_steps, divergence_advice(run_dir))
     watch = ValLossWatch(t.diverged_val_loss_ratio, t.stop_on_diverged_val_loss, guard.advice,
-                         initial_val_loss(run_dir, ctx) if start_step else None)
+                         initial_val_loss(run_dir, ctx) if progress.checkpoint else None)
     lookahead = getattr(local_optimizer(optimizer), "needs_lookahead_grad", False)
-    if start_step == 0:
+
+    def checkpoint(stopping: bool) -> None:
+        """Save the run's state at ``progress.step``; ``stopping``: on a termination signal, which the log tells."""
+        progress.checkpoint = save_run_checkpoint(run_dir, progress, model, optimizer, train_batches.draws,
+                                                  config_dict, data_read, metrics.wandb_run_id, guard.skipped_steps,
+                                                  t.keep_checkpoints, lock, ctx)
+        if stopping:
+            log.warning("stopping after step %d on a termination signal; %s holds the run's state", progress.step,
+                        progress.checkpoint or "the checkpoint")
+
+    stopped = False
+    if not progress.checkpoint:  # a run stopped during its step-0 evaluation resumes with that evaluation logged
         evaluate(train_model, optimizer, train_batches, val_batches, 0, progress, metrics, watch, t, autocast, ctx)
-    for step in range(start_step, t.max_iters):
+        # A signal during it stops the run at step 0, as its message says, before a step is trained.
+        if stopped := signal_on_any_rank(preemption.received, ctx):
+            checkpoint(stopping=True)
+    for step in range(start_step, start_step if stopped else t.max_iters):
         step_start = time.perf_counter()
         lr = apply_schedule(optimizer, step, schedule, cfg.optimizer)
         step_scalars = compute_gradients(train_model, model, optimizer, train_batches, step, t, autocast, lookahead)
@@ -153,12 +167,8 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
             # later: the ranks agree on it here (in a step, its all-reduce carries it).
             preempted = signal_on_any_rank(preemption.received, ctx)
         if checkpoint_due or preempted:
-            progress.checkpoint = save_run_checkpoint(run_dir, progress, model, optimizer, train_batches.draws,
-                                                      config_dict, data_read, metrics.wandb_run_id,
-                                                      guard.skipped_steps, t.keep_checkpoints, lock, ctx)
+            checkpoint(stopping=preempted)
         if preempted:
-            log.warning("stopping after step %d on a termination signal; %s holds the run's state", done,
-                        progress.checkpoint or "the checkpoint")
             break
     metrics.close()
     if ctx.is_main:

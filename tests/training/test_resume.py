@@ -105,6 +105,33 @@ def test_ctrl_c_during_an_evaluation_checkpoints_that_step_as_its_message_says_w
     assert 2 in {r["step"] for r in read_metrics(tmp_path) if "val/loss" in r}  # the evaluation it interrupted ended
 
 
+@pytest.mark.slow
+def test_ctrl_c_during_the_step_0_evaluation_stops_at_step_0_and_the_resume_logs_that_evaluation_once(tmp_path):
+    # The untrained model's evaluation, 100 batches a split, is seconds long; the launch's records are written just
+    # before it starts. The run stops at step 0, as the signal's message says, and its resume equals a run never
+    # stopped: the same losses, and one step-0 evaluation in the log, not two.
+    slow_evaluation = ("train.eval_iters=100", "train.max_iters=4", "train.eval_interval=2")
+    stopped = tmp_path / "stopped"
+    output = open(tmp_path / "stopped.out", "w+")
+    process = subprocess.Popen(command(stopped, *slow_evaluation), cwd=REPO, stdout=output, stderr=subprocess.STDOUT)
+    process.output = output
+    deadline = time.monotonic() + 300
+    while not any("launch" in r for r in read_metrics(stopped)):
+        assert process.poll() is None and time.monotonic() < deadline, read_output(process)
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=300) == 0, read_output(process)
+    assert "received SIGINT: finishing this step, then checkpointing and stopping" in read_output(process)
+    _, checkpoint = latest_checkpoint(stopped, "cpu")
+    assert checkpoint["step"] == 0 and not train_losses(read_metrics(stopped))  # no step was trained
+    assert [r["step"] for r in read_metrics(stopped) if "val/loss" in r] == [0]  # the evaluation it came in ended
+    resumed = complete_run(stopped, *slow_evaluation, "train.resume=true")
+    never_stopped = complete_run(tmp_path / "never_stopped", *slow_evaluation)
+    assert train_losses(resumed) == train_losses(never_stopped)
+    assert ([(r["step"], r["val/loss"]) for r in resumed if "val/loss" in r]
+            == [(r["step"], r["val/loss"]) for r in never_stopped if "val/loss" in r])
+
+
 def test_a_torn_last_metrics_line_is_ignored(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/loss": 2.0}) + '\n{"step": 2, "tra')
     assert read_metrics(tmp_path) == [{"step": 1, "train/loss": 2.0}]
