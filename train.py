@@ -37,7 +37,7 @@ from training.optimizers import build_optimizer, local_optimizer, state_bytes
 from training.preemption import PreemptionSignal, refuse_if_terminated
 from training.provenance import code_on_every_rank, launch_record
 from training.resume import Resumed, resume_run
-from training.run_checkpoint import save_run_checkpoint
+from training.run_checkpoint import RunCheckpoints
 from training.run_dir import (RunDirectoryLock, locked_run_directory, register_run_dir_resolver, write_held_job_log,
                               write_hydra_record)
 from training.runtime import autocast_context, peak_flops, resolve_device, resolve_dtype, seed_everything, set_tf32
@@ -111,21 +111,14 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
                          initial_val_loss(run_dir, ctx) if progress.checkpoint else None)
     lookahead = getattr(local_optimizer(optimizer), "needs_lookahead_grad", False)
 
-    def checkpoint(stopping: bool) -> None:
-        """Save the run's state at ``progress.step``; ``stopping``: on a termination signal, which the log tells."""
-        progress.checkpoint = save_run_checkpoint(run_dir, progress, model, optimizer, train_batches.draws,
-                                                  config_dict, data_read, metrics.wandb_run_id, guard.skipped_steps,
-                                                  t.keep_checkpoints, lock, ctx)
-        if stopping:
-            log.warning("stopping after step %d on a termination signal; %s holds the run's state", progress.step,
-                        progress.checkpoint or "the checkpoint")
-
+    checkpoints = RunCheckpoints(run_dir, model, optimizer, train_batches.draws, config_dict, data_read,
+                                 metrics.wandb_run_id, t.keep_checkpoints, lock, ctx)
     stopped = False
     if not progress.checkpoint:  # a run stopped during its step-0 evaluation resumes with that evaluation logged
         evaluate(train_model, optimizer, train_batches, val_batches, 0, progress, metrics, watch, t, autocast, ctx)
         # A signal during it stops the run at step 0, as its message says, before a step is trained.
         if stopped := signal_on_any_rank(preemption.received, ctx):
-            checkpoint(stopping=True)
+            checkpoints.save(progress, guard.skipped_steps, stopping=True)
     for step in range(start_step, start_step if stopped else t.max_iters):
         step_start = time.perf_counter()
         lr = apply_schedule(optimizer, step, schedule, cfg.optimizer)
@@ -167,7 +160,7 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
             # later: the ranks agree on it here (in a step, its all-reduce carries it).
             preempted = signal_on_any_rank(preemption.received, ctx)
         if checkpoint_due or preempted:
-            checkpoint(stopping=preempted)
+            checkpoints.save(progress, guard.skipped_steps, stopping=preempted)
         if preempted:
             break
     metrics.close()

@@ -1,5 +1,7 @@
 """The run's checkpoint at a step: what it holds, written by rank 0 while it holds the run directory's lock, and
 agreed on by every rank before any of them goes on (or stops)."""
+import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from data.authors_draws import AuthorsDraws
@@ -12,6 +14,33 @@ from training.run_dir import RunDirectoryError, RunDirectoryLock
 from training.runtime import rng_state
 from training.summary import Progress
 from training.sweep import divergence_advice, resume_command
+
+log = logging.getLogger("train")
+
+
+@dataclass
+class RunCheckpoints:
+    """What a launch writes its checkpoints from, fixed before its first step: :meth:`save` takes the step's."""
+    run_dir: Path
+    model: object
+    optimizer: object
+    draws: AuthorsDraws | None
+    config: dict
+    data_read: dict
+    wandb_run_id: str | None
+    keep: int
+    lock: RunDirectoryLock
+    ctx: DistributedContext
+
+    def save(self, progress: Progress, skipped_steps: int, stopping: bool = False) -> None:
+        """Write the checkpoint of ``progress.step`` (:func:`save_run_checkpoint`) and record it in ``progress``;
+        ``stopping``: on a termination signal, which the log then tells."""
+        progress.checkpoint = save_run_checkpoint(self.run_dir, progress, self.model, self.optimizer, self.draws,
+                                                  self.config, self.data_read, self.wandb_run_id, skipped_steps,
+                                                  self.keep, self.lock, self.ctx)
+        if stopping:
+            log.warning("stopping after step %d on a termination signal; %s holds the run's state", progress.step,
+                        progress.checkpoint or "the checkpoint")
 
 
 def save_run_checkpoint(run_dir: Path, progress: Progress, model, optimizer, draws: AuthorsDraws | None,
