@@ -59,9 +59,9 @@ def test_the_readme_gives_the_default_runs_measured_time_on_an_idle_two_core_mac
     measured = re.search(r"\(`\.venv/bin/python train\.py`, (\d+) steps\) took (\d+) min (\d+) s on an idle "
                          r"(\d+)-core", opening)
     assert measured, opening
-    steps, _, _, cores = map(int, measured.groups())
+    steps, minutes, seconds, cores = map(int, measured.groups())
     assert steps == compose_config([]).train.max_iters  # a longer default run is measured again
-    assert cores == 2  # CI's machine; whether the run keeps to 3 minutes there is open (5 min 41 s measured)
+    assert cores == 2 and minutes * 60 + seconds <= 180  # CI's machine, where the default run keeps to 3 minutes
 
 
 def test_ci_runs_the_readme_test_command():

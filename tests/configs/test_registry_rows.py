@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from configs.compose import CONFIG_DIR, compose_config, register_configs, validate
 from configs.registry import OPTIMIZERS
-from configs.schema import ConfigError
+from configs.schema import ConfigError, TrainConfig
 from tests import warm_python
 from tests.training.optimizer_configs import registered_configs
 
@@ -76,6 +76,6 @@ def test_a_rows_train_defaults_apply_and_an_override_or_experiment_wins(adamw_ro
     assert (train.max_iters, train.warmup_iters) == (7, 3)
     train = load("optimizer=adamw", "train.max_iters=11").train
     assert (train.max_iters, train.warmup_iters) == (11, 3)
-    assert load("optimizer=mars-adamw").train.max_iters == 250  # the schema's default: another optimizer's row
+    assert load("optimizer=mars-adamw").train.max_iters == TrainConfig.max_iters  # another optimizer: the schema's
     experiment = OmegaConf.load(Path(CONFIG_DIR, "experiment", "fwe-gpt2-small-50b-adamw.yaml"))
     assert load("experiment=fwe-gpt2-small-50b-adamw").train.max_iters == experiment.train.max_iters
