@@ -190,7 +190,9 @@ def test_an_interrupted_sweep_starts_no_other_point_and_resumes_in_place_with_it
                                     f"are skipped) with: {resume}"), log
     assert f"] - resume: {resume}\n" in log  # the interrupted point's closing summary names the same command
 
-    result = subprocess.run(shlex.split(resume), cwd=REPO, capture_output=True, text=True, timeout=600)
+    # Run as printed, from a shell where the venv was never activated.
+    result = subprocess.run(["bash", "-c", resume], cwd=REPO, env=shell_without_the_venv(), capture_output=True,
+                            text=True, timeout=600)
     assert result.returncode == 1 and "2 of 6 sweep points failed" in result.stderr, result.stderr
     assert {path: path.stat().st_mtime_ns for path in first.glob("checkpoints/*.pt")} == checkpoint_time
     assert (first / "metrics.jsonl").read_text() == first_log  # finished: not retrained
@@ -298,18 +300,10 @@ def test_a_sweep_with_a_finite_blow_up_and_a_refused_gamma_gives_a_table_and_fig
     # Followed with a lower lr, run as printed from a shell without the venv, the script trains the point in its
     # directory, and it fails no more.
     (blown / "rerun.sh").write_text(script.replace("  optimizer.lr=10 \\\n", "  optimizer.lr=1e-3 \\\n"))
-    rerun_result = subprocess.run(rerun, shell=True, cwd=tmp_path, env=shell_without_venv(), capture_output=True,
+    rerun_result = subprocess.run(rerun, shell=True, cwd=tmp_path, env=shell_without_the_venv(), capture_output=True,
                                   text=True, timeout=600)
     assert rerun_result.returncode == 0, rerun_result.stderr
     assert failure(blown) is None and last_step(blown) == 4 and not (blown / "rerun.sh").exists()
-
-
-def shell_without_venv() -> dict[str, str]:
-    """The environment of a shell in which the project's virtual environment was never activated."""
-    venv_bin = str(Path(sys.executable).parent)
-    env = {key: value for key, value in os.environ.items() if key != "VIRTUAL_ENV"}
-    env["PATH"] = os.pathsep.join(entry for entry in env.get("PATH", "").split(os.pathsep) if entry != venv_bin)
-    return env
 
 
 @pytest.mark.slow
