@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 
 from reporting.bench_report import run_record, write_report
-from scripts.check_trainer_against_authors import REPO_ROOT, RUNNER, Corpus, free_port, write_corpora
+from scripts.check_trainer_against_authors import (REPO_ROOT, RUNNER, Corpus, authors_trainers_parser, free_port,
+                                                   write_corpora)
 from training.metrics import read_metrics
 from training.provenance import checkout_commit
 
@@ -144,16 +145,8 @@ def markdown_table(timings: dict[str, dict]) -> str:
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m scripts.bench_authors_trainers", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--authors-dir", type=Path, required=True, help="a checkout of github.com/AGI-Arena/MARS")
-    parser.add_argument("--only", nargs="+", choices=FAMILY_NAMES, metavar="FAMILY",
-                        help=f"these families only (default: all of {', '.join(FAMILY_NAMES)})")
-    parser.add_argument("--steps", type=int, default=60, help="training steps of each run")
+    parser = authors_trainers_parser("scripts.bench_authors_trainers", __doc__, FAMILY_NAMES)
     parser.add_argument("--skip", type=int, default=10, help="first iterations left out of the medians (compiling)")
-    parser.add_argument("--work-dir", type=Path, help="where the corpora and runs go (default: a temporary folder, "
-                        "removed afterwards)")
-    parser.add_argument("--output-dir", type=Path, default=Path("results"))
     args = parser.parse_args(argv)
     if args.skip < 0 or args.steps <= args.skip:
         parser.error("--steps must exceed --skip, and --skip must be >= 0")

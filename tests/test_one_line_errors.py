@@ -202,13 +202,20 @@ def test_non_finite_hyperparameters_are_refused_at_start(tmp_path, override):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before any step
 
 
+def users_optimizer_config(config_dir: Path, text: str) -> Path:
+    """A user's own ``optimizer/mine.yaml`` under ``config_dir``, holding ``text``; its path."""
+    (config_dir / "optimizer").mkdir(parents=True)
+    mine = config_dir / "optimizer" / "mine.yaml"
+    mine.write_text(text)
+    return mine
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["--config-dir", "hydra.searchpath"])
 def test_a_yaml_syntax_error_in_the_users_own_config_is_named_by_file_line_and_column(tmp_path, where):
     config_dir = tmp_path / "my-configs"
-    (config_dir / "optimizer").mkdir(parents=True)
-    mine = config_dir / "optimizer" / "mine.yaml"
-    mine.write_text("defaults:\n  - adamw\n  - _self_\nbetas: [0.9, 0.95\nlr: 0.001\n")  # the list is not closed
+    # The list of betas is not closed.
+    mine = users_optimizer_config(config_dir, "defaults:\n  - adamw\n  - _self_\nbetas: [0.9, 0.95\nlr: 0.001\n")
     # Hydra takes its options before the overrides
     added = [f"hydra.searchpath=[file://{config_dir}]"] if where == "hydra.searchpath" else [where, str(config_dir)]
     result = warm_python.run([sys.executable, str(REPO / "train.py"), *added, f"hydra.run.dir={tmp_path / 'run'}",
@@ -222,9 +229,7 @@ def test_a_yaml_syntax_error_in_the_users_own_config_is_named_by_file_line_and_c
 @pytest.mark.parametrize("where", ["command line", "own config file"])
 def test_an_unknown_key_is_one_line_with_the_nearest_key_not_hydras_advice_to_append_it(tmp_path, where):
     config_dir = tmp_path / "my-configs"
-    (config_dir / "optimizer").mkdir(parents=True)
-    mine = config_dir / "optimizer" / "mine.yaml"
-    mine.write_text("defaults:\n  - mars-adamw\n  - _self_\ngama: 0.05\n")
+    mine = users_optimizer_config(config_dir, "defaults:\n  - mars-adamw\n  - _self_\ngama: 0.05\n")
     arguments = ["optimizer.gammma=0.1"] if where == "command line" else ["--config-dir", str(config_dir),
                                                                            "optimizer=mine"]
     result = warm_python.run([sys.executable, str(REPO / "train.py"), *arguments, f"hydra.run.dir={tmp_path / 'run'}",

@@ -35,6 +35,12 @@ def complete_run(run_dir, *overrides, launcher=(sys.executable,)):
 
 
 def start_and_wait_for_step(run_dir, step, *overrides, launcher=(sys.executable,)):
+    return start_and_wait(run_dir, lambda records: any(r.get("step", 0) >= step and "train/loss" in r
+                                                       for r in records), f"step {step}", *overrides, launcher=launcher)
+
+
+def start_and_wait(run_dir, ready, awaited: str, *overrides, launcher=(sys.executable,)):
+    """Start train.py into ``run_dir``; its process once ``ready(records of its metrics log)`` holds."""
     Path(run_dir).parent.mkdir(parents=True, exist_ok=True)
     # Output goes to a file: a pipe nobody reads while waiting could fill up and stall the run.
     output = open(Path(run_dir).parent / f"{Path(run_dir).name}.out", "w+")
@@ -43,13 +49,13 @@ def start_and_wait_for_step(run_dir, step, *overrides, launcher=(sys.executable,
     process.output = output
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        if any(r.get("step", 0) >= step and "train/loss" in r for r in read_metrics(run_dir)):
+        if ready(read_metrics(run_dir)):
             return process
         if process.poll() is not None:
             raise AssertionError(f"train.py ended early: {read_output(process)}")
         time.sleep(0.02)
     process.kill()
-    raise AssertionError(f"step {step} not reached")
+    raise AssertionError(f"{awaited} not reached")
 
 
 def read_output(process) -> str:
@@ -112,13 +118,8 @@ def test_ctrl_c_during_the_step_0_evaluation_stops_at_step_0_and_the_resume_logs
     # stopped: the same losses, and one step-0 evaluation in the log, not two.
     slow_evaluation = ("train.eval_iters=100", "train.max_iters=4", "train.eval_interval=2")
     stopped = tmp_path / "stopped"
-    output = open(tmp_path / "stopped.out", "w+")
-    process = subprocess.Popen(command(stopped, *slow_evaluation), cwd=REPO, stdout=output, stderr=subprocess.STDOUT)
-    process.output = output
-    deadline = time.monotonic() + 300
-    while not any("launch" in r for r in read_metrics(stopped)):
-        assert process.poll() is None and time.monotonic() < deadline, read_output(process)
-        time.sleep(0.02)
+    process = start_and_wait(stopped, lambda records: any("launch" in r for r in records), "the launch's records",
+                             *slow_evaluation)
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=300) == 0, read_output(process)
     assert "received SIGINT: finishing this step, then checkpointing and stopping" in read_output(process)

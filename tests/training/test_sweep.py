@@ -131,6 +131,19 @@ def test_a_run_ends_with_a_summary_naming_its_losses_checkpoint_and_the_commands
     assert f"table: {sys.executable} -m scripts.make_table {tmp_path}" in log
 
 
+def start_sweep_until_point_trains(sweep_dir: Path, index: int, overrides: list[str]):
+    """Launch the sweep into ``sweep_dir`` in the background; (its process, the file its output goes to) once its
+    point ``index`` has trained a step."""
+    output = open(sweep_dir / "sweep.out", "w+")
+    process = subprocess.Popen([sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep_dir}", *TINY, *overrides],
+                               cwd=REPO, stdout=output, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while not any(last_step(run_dir) >= 1 for run_dir in sweep_dir.glob(f"{index}_*")):
+        assert process.poll() is None and time.monotonic() < deadline, f"the sweep's point {index} did not train"
+        time.sleep(0.02)
+    return process, output
+
+
 def shell_without_the_venv() -> dict:
     """A fresh shell's environment, as a terminal opened beside the one that ran train.py has it: no virtual
     environment activated (nor its directory on PATH), nothing of this process's Python settings."""
@@ -167,13 +180,7 @@ def test_an_interrupted_sweep_starts_no_other_point_and_resumes_in_place_with_it
     # Six points: one diverges (lr 1e8), one is refused (lr -1e-3); SIGINT once the second point trains.
     overrides = ["train.max_iters=6", "train.eval_interval=3", "train.checkpoint_interval=3",
                  "optimizer.lr=1e-3,2e-3,1e8,-1e-3,3e-3,4e-3"]
-    output = open(tmp_path / "sweep.out", "w+")
-    process = subprocess.Popen([sys.executable, "train.py", "-m", f"hydra.sweep.dir={tmp_path}", *TINY, *overrides],
-                               cwd=REPO, stdout=output, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
-    while not any(last_step(run_dir) >= 1 for run_dir in tmp_path.glob("1_*")):
-        assert process.poll() is None and time.monotonic() < deadline, "the sweep's second point did not train"
-        time.sleep(0.02)
+    process, output = start_sweep_until_point_trains(tmp_path, 1, overrides)
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=300) != 0
     first = point(tmp_path, 0)
@@ -445,13 +452,7 @@ def test_a_sweep_resumed_while_its_first_launch_is_suspended_skips_what_that_lau
         tmp_path):
     # As SLURM suspends a job: the first launch stopped (SIGSTOP) while it trains point 0, resume.sh run meanwhile.
     overrides = ["train.max_iters=4", "train.eval_interval=2", "optimizer.lr=1e-3,2e-3"]
-    output = open(tmp_path / "first.out", "w+")
-    first = subprocess.Popen([sys.executable, "train.py", "-m", f"hydra.sweep.dir={tmp_path}", *TINY, *overrides],
-                             cwd=REPO, stdout=output, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
-    while not any(last_step(run_dir) >= 1 for run_dir in tmp_path.glob("0_*")):
-        assert first.poll() is None and time.monotonic() < deadline, "the sweep's first point did not train"
-        time.sleep(0.02)
+    first, output = start_sweep_until_point_trains(tmp_path, 0, overrides)
     first.send_signal(signal.SIGSTOP)
     try:
         second = subprocess.run(["bash", str(tmp_path / "resume.sh")], cwd=REPO, capture_output=True, text=True,
