@@ -18,7 +18,6 @@ from pathlib import Path
 from configs.models import GPT2_SHAPES
 from evaluation.authors_downstream import RESULTS as AUTHORS_RESULTS
 from evaluation.authors_downstream import TASKS as PAPER_TASKS
-from evaluation.export_hf import export
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     tasks = [task.strip() for task in args.tasks.split(",") if task.strip()]
     out = args.out or run_dir_of(args.checkpoint) / "downstream"
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+    from evaluation.export_hf import export  # imports transformers: seconds, so not for model_size's readers
+
     try:
         # out/hf is this command's own copy, rewritten by each evaluation
         hf_dir = export(args.checkpoint, out / "hf", overwrite=True)

@@ -15,6 +15,7 @@ come from that. Writes a markdown table and JSON to ``results/bench_train_<devic
 one run (ratios), not runs of different days.
 """
 import argparse
+import functools
 import resource
 import statistics
 import sys
@@ -48,9 +49,8 @@ VARIANTS = {
 }
 
 
-def row_name(overrides: list[str]) -> str:
+def row_name(optimizer_cfg) -> str:
     """The registry's label of the configured optimizer (as the tables print it), and the options it times."""
-    optimizer_cfg = compose_config(overrides).optimizer
     entry = REGISTRY[optimizer_cfg.name]
     options = [" fused_gram"] if optimizer_cfg.get("ns_form") == "fused_gram" else []
     options += [" ns_batch"] if optimizer_cfg.get("ns_batch") else []
@@ -58,18 +58,24 @@ def row_name(overrides: list[str]) -> str:
     return entry.labels[entry.label(optimizer_cfg)] + "".join(options)
 
 
+@functools.cache
 def benched_configs() -> dict[str, list[str]]:
-    """Label -> overrides of configs/: every optimizer config (configs/optimizer/), then its variants."""
+    """Label -> overrides of configs/: every optimizer config (configs/optimizer/), then its variants. Composed
+    when asked for, not at import, and once per config file (a Hydra composition takes a few tenths of a second):
+    a variant's ``optimizer.*`` options are merged into its config's section."""
     rows = {}
     for path in sorted(CONFIG_DIR.glob("optimizer/*.yaml")):
+        optimizer_cfg = compose_config([f"optimizer={path.stem}"]).optimizer
         for options in [[], *VARIANTS.get(path.stem, [])]:
-            overrides = [f"optimizer={path.stem}", *options]
-            rows[row_name(overrides)] = overrides
+            variant = OmegaConf.from_dotlist([option.removeprefix("optimizer.") for option in options])
+            rows[row_name(OmegaConf.merge(optimizer_cfg, variant))] = [f"optimizer={path.stem}", *options]
     return rows
 
 
-OPTIMIZERS = benched_configs()
-CUDA_ONLY = {label for label, overrides in OPTIMIZERS.items() if CUDA_GRAPH in overrides}
+def cuda_only_rows() -> set[str]:
+    return {label for label, overrides in benched_configs().items() if CUDA_GRAPH in overrides}
+
+
 PHASES = ("data", "forward", "backward", "look-ahead", "clip", "optimizer")
 BASELINE = "AdamW"
 
@@ -95,14 +101,14 @@ def row_label(optimizer: str, loss_chunk_size: int, compile_mode: str = "default
 
 def orthogonalises(optimizer_label: str) -> bool:
     """Whether the row's optimizer runs Newton-Schulz (then ``--ns-dtype`` applies to it), as the registry says."""
-    optimizer_cfg = compose_config(OPTIMIZERS[optimizer_label]).optimizer
+    optimizer_cfg = compose_config(benched_configs()[optimizer_label]).optimizer
     return REGISTRY[optimizer_cfg.name].orthogonalises(optimizer_cfg)
 
 
 def bench_optimizer(optimizer_label: str, loss_chunk_size: int, args, device: torch.device,
                     compile_mode: str = "default") -> dict:
     ns_dtype = [f"optimizer.ns_dtype={args.ns_dtype}"] if orthogonalises(optimizer_label) else []
-    cfg = compose_config([f"model={args.model}", *OPTIMIZERS[optimizer_label], *ns_dtype, *args.override])
+    cfg = compose_config([f"model={args.model}", *benched_configs()[optimizer_label], *ns_dtype, *args.override])
     torch.manual_seed(0)
     model_config = GPTConfig(**OmegaConf.to_container(cfg.model))
     model = GPT(model_config).to(device)
@@ -182,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--model", default="tiny", help="a config in configs/model/ (tiny, gpt2-small, ...)")
-    parser.add_argument("--optimizers", nargs="+", choices=sorted(OPTIMIZERS),
+    parser.add_argument("--optimizers", nargs="+", choices=sorted(benched_configs()),
                         help="default: every one the device runs (the CUDA graph rows on CUDA only)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--block-size", type=int, default=128)
@@ -211,10 +217,11 @@ def main(argv: list[str] | None = None) -> None:
     if min(args.loss_chunk_sizes) < 0:
         parser.error("--loss-chunk-sizes must be >= 0 (0: the plain loss)")
     device = torch.device(args.device)
+    cuda_only = cuda_only_rows()
     if args.optimizers is None:
-        args.optimizers = [label for label in OPTIMIZERS if device.type == "cuda" or label not in CUDA_ONLY]
-    elif device.type != "cuda" and CUDA_ONLY & set(args.optimizers):
-        parser.error(f"{sorted(CUDA_ONLY & set(args.optimizers))} need a CUDA device")
+        args.optimizers = [label for label in benched_configs() if device.type == "cuda" or label not in cuda_only]
+    elif device.type != "cuda" and cuda_only & set(args.optimizers):
+        parser.error(f"{sorted(cuda_only & set(args.optimizers))} need a CUDA device")
     rows = []
     for optimizer_label in args.optimizers:
         for loss_chunk_size in args.loss_chunk_sizes:

@@ -3,6 +3,7 @@
 Triton reads TRITON_INTERPRET when a kernel is defined, i.e. when the module defining it is imported, so it is
 set here, before any test module imports one. With a CUDA device the kernels compile and run on the GPU.
 """
+import fcntl
 import os
 
 # The tests' models are tiny: one thread trains them faster than several and uses less CPU, which leaves the
@@ -20,12 +21,19 @@ import pytest
 
 
 @pytest.fixture(scope="session", autouse=True)
-def embedded_corpus_cache(tmp_path_factory):
-    """Build the embedded corpus once per session in a fresh directory, for in-process and subprocess runs."""
-    os.environ["MARS_DATA_CACHE"] = str(tmp_path_factory.mktemp("data_cache"))
+def embedded_corpus_cache(tmp_path_factory, worker_id):
+    """Build the embedded corpus once per session in a fresh directory, for in-process and subprocess runs: one
+    directory for all pytest-xdist workers (tokenizing takes seconds), built by the first under a lock."""
+    session_dir = tmp_path_factory.getbasetemp()
+    if worker_id != "master":  # each worker's base is a folder of the session's
+        session_dir = session_dir.parent
+    cache = session_dir / "data_cache"
+    os.environ["MARS_DATA_CACHE"] = str(cache)
     from data.embedded import prepare_embedded
 
-    return prepare_embedded()
+    with open(session_dir / "data_cache.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return prepare_embedded()
 
 
 def pytest_collection_modifyitems(items):

@@ -8,6 +8,7 @@ the script there as ``python SCRIPT`` would: its own process, working directory,
 ``sys.path[0]``, stdin from /dev/null, stdout and stderr captured, exit status, traceback or ``SystemExit``
 message, and interpreter shutdown (atexit, flushing). The script and the project's own modules are imported
 afresh in each launch; only the third-party modules in ``PRELOADED`` are shared.
+``run_ranks`` forks the ranks of one data-parallel job the same way, as srun would start them.
 
 What a fork cannot give, ``run`` leaves to ``subprocess.run``: another interpreter or a command prefix
 (``setpriv``), an environment that changes a variable read when torch is imported (``ENV_READ_AT_IMPORT``),
@@ -42,22 +43,38 @@ requests = channel.makefile("r")
 def serve():
     for line in requests:
         request = json.loads(line)
-        child = os.fork()
-        if child == 0:
-            return request
-        deadline, status = time.monotonic() + request["timeout"], None
-        while status is None:
-            done, code = os.waitpid(child, os.WNOHANG)
-            if done:
-                status = os.waitstatus_to_exitcode(code)
-            elif time.monotonic() > deadline:
-                os.killpg(child, signal.SIGKILL)
-                os.waitpid(child, 0)
-                status = "timeout"
-            else:
-                time.sleep(0.01)
-        channel.sendall((json.dumps({"returncode": status}) + "\n").encode())
+        children = []
+        for rank in request["ranks"]:  # one process, or each rank of a job
+            child = os.fork()
+            if child == 0:
+                return {**request, **rank}
+            children.append(child)
+        channel.sendall((json.dumps({"returncodes": wait(children, request["timeout"])}) + "\n").encode())
     raise SystemExit(0)
+
+
+# Each child's exit status, or "timeout". A rank that fails ends the others a few seconds later, as torchrun's
+# agent does, rather than leaving them to wait for it in a collective.
+def wait(children, timeout):
+    deadline, statuses, failed_at = time.monotonic() + timeout, {}, None
+    while len(statuses) < len(children):
+        for child in children:
+            if child not in statuses:
+                done, code = os.waitpid(child, os.WNOHANG)
+                if done:
+                    statuses[child] = os.waitstatus_to_exitcode(code)
+                    if statuses[child] != 0 and failed_at is None:
+                        failed_at = time.monotonic()
+        now = time.monotonic()
+        if now > deadline or (failed_at is not None and now > failed_at + 5):
+            for child in children:
+                if child not in statuses:
+                    os.killpg(child, signal.SIGKILL)
+                    os.waitpid(child, 0)
+                    statuses[child] = "timeout" if now > deadline else -signal.SIGKILL
+        time.sleep(0.01)
+    return [statuses[child] for child in children]
+
 
 request = serve()
 os.setpgid(0, 0)  # a timeout kills the script and whatever it started
@@ -120,18 +137,20 @@ class Zygote:
         theirs.close()
         self.channel, self.replies = ours, ours.makefile("r")
 
-    def run(self, argv: list[str], cwd: Path, env: dict, timeout: float) -> tuple[int | None, str, str]:
+    def run(self, argv: list[str], cwd: Path, envs: list[dict], timeout: float) -> list[tuple[int | None, str, str]]:
+        """(exit status or None on a timeout, stdout, stderr) of ``argv`` run once per environment in ``envs``, at
+        the same time."""
         with tempfile.TemporaryDirectory() as folder:
-            out, err = Path(folder) / "stdout", Path(folder) / "stderr"
-            request = {"argv": argv, "cwd": str(cwd), "env": env, "timeout": timeout, "stdout": str(out),
-                       "stderr": str(err)}
+            ranks = [{"env": env, "stdout": f"{folder}/stdout{i}", "stderr": f"{folder}/stderr{i}"}
+                     for i, env in enumerate(envs)]
+            request = {"argv": argv, "cwd": str(cwd), "timeout": timeout, "ranks": ranks}
             self.channel.sendall((json.dumps(request) + "\n").encode())
             reply = self.replies.readline()
             if not reply:
                 raise RuntimeError(f"the warm Python (pid {self.process.pid}) ended: exit status {self.process.wait()}")
-            status = json.loads(reply)["returncode"]
-            return (None if status == "timeout" else status), out.read_text(errors="replace"), err.read_text(
-                errors="replace")
+            return [(None if status == "timeout" else status, Path(rank["stdout"]).read_text(errors="replace"),
+                     Path(rank["stderr"]).read_text(errors="replace"))
+                    for status, rank in zip(json.loads(reply)["returncodes"], ranks)]
 
     def close(self):
         self.replies.close()
@@ -155,21 +174,47 @@ def forkable(args, env) -> bool:
     return env is None or all(env.get(name) == os.environ.get(name) for name in ENV_READ_AT_IMPORT)
 
 
+def zygote() -> Zygote:
+    global _zygote
+    if _zygote is None or _zygote.process.poll() is not None:
+        _zygote = Zygote()
+        atexit.register(_zygote.close)
+    return _zygote
+
+
 def run(args, *, cwd, timeout: float, env: dict | None = None, check: bool = False) -> subprocess.CompletedProcess:
     """``subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=check)``,
     forked from a warm Python where it can be (see the module's docstring)."""
     args = [str(arg) for arg in args]
     if not forkable(args, env):
         return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=check)
-    global _zygote
-    if _zygote is None or _zygote.process.poll() is not None:
-        _zygote = Zygote()
-        atexit.register(_zygote.close)
-    returncode, stdout, stderr = _zygote.run(args[1:], Path(cwd).resolve(), dict(os.environ if env is None else env),
-                                             timeout)
+    [(returncode, stdout, stderr)] = zygote().run(args[1:], Path(cwd).resolve(),
+                                                  [dict(os.environ if env is None else env)], timeout)
     if returncode is None:
         raise subprocess.TimeoutExpired(args, timeout, stdout, stderr)
     result = subprocess.CompletedProcess(args, returncode, stdout, stderr)
     if check:
         result.check_returncode()
     return result
+
+
+def run_ranks(args, *, world_size: int, cwd, timeout: float) -> list[subprocess.CompletedProcess]:
+    """``args`` (``python SCRIPT ...`` or ``python -m MODULE ...``) as the ``world_size`` ranks of one job on this
+    host, each forked from the warm Python with the variables torchrun gives its workers (``RANK``,
+    ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), as srun or a
+    hand launch starts ranks: data-parallel runs without torchrun's agent and the fresh interpreters it starts.
+    Tests about torchrun itself (its agent, restarts, signals) launch it instead. The ranks' results, by rank."""
+    args = [str(arg) for arg in args]
+    if not forkable(args, None):
+        raise ValueError(f"run_ranks forks python SCRIPT or python -m MODULE, not {args[:3]}")
+    with socket.socket() as probe:  # a port no other job of the suite is listening on now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    launcher = {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port)}
+    envs = [{**os.environ, **launcher, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(world_size)]
+    results = zygote().run(args[1:], Path(cwd).resolve(), envs, timeout)
+    if any(returncode is None for returncode, _, _ in results):
+        raise subprocess.TimeoutExpired(args, timeout, "".join(out for _, out, _ in results),
+                                        "".join(err for _, _, err in results))
+    return [subprocess.CompletedProcess(args, *result) for result in results]

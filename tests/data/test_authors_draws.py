@@ -99,10 +99,13 @@ def expected_metrics(ahead: int, world_size: int = 1, corpus: Path | None = None
     return train_losses, estimates
 
 
-def run(run_dir, *overrides, launcher=(sys.executable,)) -> list[dict]:
-    result = warm_python.run([*launcher, "train.py", f"hydra.run.dir={run_dir}", *SETTINGS, *overrides],
-                             cwd=REPO, timeout=600)
-    assert result.returncode == 0, result.stderr
+def run(run_dir, *overrides, ranks=1) -> list[dict]:
+    """train.py in one process, or as ``ranks`` data-parallel ranks (forked: ``warm_python.run_ranks``)."""
+    command = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *SETTINGS, *overrides]
+    results = (warm_python.run_ranks(command, world_size=ranks, cwd=REPO, timeout=600) if ranks > 1 else
+               [warm_python.run(command, cwd=REPO, timeout=600)])
+    for result in results:
+        assert result.returncode == 0, result.stderr
     return read_metrics(run_dir)
 
 
@@ -122,8 +125,7 @@ def test_a_run_reads_the_windows_their_trainer_draws_in_their_order(tmp_path, op
 
 @pytest.mark.slow
 def test_under_ddp_each_rank_draws_from_its_own_seed_and_rank_0_alone_evaluates(tmp_path):
-    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
-    records = run(tmp_path, "optimizer=mars-adamw", "optimizer.lr_1d=1e-30", *FROZEN, launcher=torchrun)
+    records = run(tmp_path, "optimizer=mars-adamw", "optimizer.lr_1d=1e-30", *FROZEN, ranks=2)
     train_losses, estimates = expected_metrics(ACCUMULATION, world_size=2)
     assert {r["step"]: r["train/loss"] for r in records if "train/loss" in r} == train_losses
     assert {r["step"]: (r["train/loss_estimate"], r["val/loss"]) for r in records if "val/loss" in r} == estimates

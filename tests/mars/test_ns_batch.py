@@ -9,16 +9,18 @@ runs the 2-D product on each slice. On CUDA a batched product (another cuBLAS ke
 checked here.
 """
 import copy
-import os
-import socket
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from mars import MARS, MarsM, MarsMEfficient, Moonlight, Muon, cuda_graph, newton_schulz
+from tests import warm_python
 from tests.mars.test_cuda_graph import ReplayedEagerly
+
+REPO = Path(__file__).resolve().parents[2]
 
 # Repeated shapes (three 12 x 4, two 4 x 12, two 8 x 8) beside single ones, and vectors for the AdamW part.
 SHAPES = [(12, 4), (8, 8), (12, 4), (5,), (4, 12), (8, 8), (12, 4), (3, 5), (4, 12), (4,)]
@@ -178,13 +180,13 @@ def test_a_param_group_setting_ns_batch_otherwise_is_refused():
 RANK_OPTIMIZERS = ("muon", "mars-shampoo", "mars-m", "mars-m-efficient", "moonlight")
 
 
-def steps_on_rank(rank, world_size, port, results):
-    """Every optimizer and form on this rank, its Newton-Schulz shared over the group (ZeRO-1 off) or its
-    parameters sharded by ZeRO-1, one matrix at a time and batched: the parameters after three steps, by (name,
-    form, zero1, ns_batch), into ``results`` (rank 0's; ZeRO-1 broadcasts every rank's share to all)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def steps_on_rank(out) -> None:
+    """Run on each rank of a Gloo job (``python -m tests.mars.test_ns_batch OUT``, the ranks forked by
+    ``warm_python.run_ranks``): every optimizer and form, its Newton-Schulz shared over the group (ZeRO-1 off) or
+    its parameters sharded by ZeRO-1, one matrix at a time and batched: rank 0 saves the parameters after three
+    steps, by (name, form, zero1, ns_batch), to ``out`` (ZeRO-1 broadcasts every rank's share to all)."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    dist.init_process_group("gloo")
     try:
         finals = {}
         for name in RANK_OPTIMIZERS:
@@ -193,25 +195,20 @@ def steps_on_rank(rank, world_size, port, results):
                     finals[name, form, False, ns_batch], _ = run(name, form, ns_batch=ns_batch,
                                                                  process_group=dist.group.WORLD)
                     finals[name, form, True, ns_batch], _ = run(name, form, ns_batch=ns_batch, zero1=True)
-        if rank == 0:
-            results.update(finals)
+        if dist.get_rank() == 0:
+            torch.save(finals, out)
     finally:
         dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_gloo_ranks_batched_or_not_shared_or_zero1_step_as_one_process(world_size):
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(steps_on_rank, args=(world_size, free_port(), results), nprocs=world_size, join=True)
-        results = dict(results)
+def test_gloo_ranks_batched_or_not_shared_or_zero1_step_as_one_process(world_size, tmp_path):
+    ranks = warm_python.run_ranks([sys.executable, "-m", "tests.mars.test_ns_batch", tmp_path / "finals.pt"],
+                                  world_size=world_size, cwd=REPO, timeout=600)
+    for rank in ranks:
+        assert rank.returncode == 0, rank.stderr
+    results = torch.load(tmp_path / "finals.pt", weights_only=True)
     for name in RANK_OPTIMIZERS:
         for form in forms(name):
             alone, _ = run(name, form)
@@ -219,3 +216,7 @@ def test_gloo_ranks_batched_or_not_shared_or_zero1_step_as_one_process(world_siz
                 for ns_batch in (False, True):
                     for param, expected in zip(results[name, form, zero1, ns_batch], alone):
                         assert torch.equal(param, expected), (name, form, zero1, ns_batch)
+
+
+if __name__ == "__main__":
+    steps_on_rank(sys.argv[1])

@@ -63,11 +63,11 @@ def test_the_cuda_graph_rows_are_left_out_on_a_cpu_and_refused_when_asked_for(tm
                         lambda label, *_: benched.append(label) or {"label": label, "step_ms": 1.0})
     monkeypatch.setattr(bench_train, "markdown_table", lambda rows, device: "")
     bench_train.main(["--device", "cpu", "--output-dir", str(tmp_path)])
-    assert bench_train.CUDA_ONLY == {
+    assert bench_train.cuda_only_rows() == {
         "Muon CUDA graph", "Muon fused_gram CUDA graph", "Muon ns_batch CUDA graph",
         "Muon fused_gram ns_batch CUDA graph", "MARS-Shampoo CUDA graph", "MARS-Shampoo ns_batch CUDA graph",
         "MARS-M CUDA graph", "MARS-M ns_batch CUDA graph"}
-    assert benched == [label for label in bench_train.OPTIMIZERS if label not in bench_train.CUDA_ONLY]
+    assert benched == [label for label in bench_train.benched_configs() if label not in bench_train.cuda_only_rows()]
     with pytest.raises(SystemExit) as exit:
         bench_train.main(["--device", "cpu", "--optimizers", "Muon CUDA graph", "--output-dir", str(tmp_path)])
     assert exit.value.code == 2 and "need a CUDA device" in capsys.readouterr().err
@@ -91,7 +91,7 @@ def test_compile_modes_add_a_row_per_mode_and_need_compile(tmp_path, monkeypatch
 def test_every_row_is_a_valid_config_of_what_it_names():
     from configs.compose import validate
 
-    for label, overrides in bench_train.OPTIMIZERS.items():
+    for label, overrides in bench_train.benched_configs().items():
         cfg = compose_config(["model=tiny", *overrides])
         validate(cfg)
         assert cfg.optimizer.get("ns_cuda_graph", False) == ("CUDA graph" in label), label
@@ -107,4 +107,4 @@ def test_every_optimizer_config_has_a_row_named_as_the_registry_labels_it():
     for path in sorted(bench_train.CONFIG_DIR.glob("optimizer/*.yaml")):
         optimizer_cfg = compose_config([f"optimizer={path.stem}"]).optimizer
         entry = REGISTRY[optimizer_cfg.name]
-        assert bench_train.OPTIMIZERS[entry.labels[entry.label(optimizer_cfg)]] == [f"optimizer={path.stem}"]
+        assert bench_train.benched_configs()[entry.labels[entry.label(optimizer_cfg)]] == [f"optimizer={path.stem}"]

@@ -1,5 +1,5 @@
-"""Run under torchrun: every optimizer config, trained under DDP, unsharded and under ZeRO-1, agrees across ranks and
-with one process.
+"""Run as the ranks of one job (torchrun, or the tests' warm_python.run_ranks): every optimizer config, trained under
+DDP, unsharded and under ZeRO-1, agrees across ranks and with one process.
 
 Each rank trains on its own batches; DDP averages the gradients. For every config of configs/optimizer/ (or those
 named on the command line), built as train.py builds it (``training.optimizers.build_optimizer``):

@@ -1,4 +1,5 @@
-"""Run under torchrun with 2 ranks, rank 1 on another commit: both ranks stop with DifferentCodeOnRanks."""
+"""Run as the 2 ranks of one job (torchrun, or the tests' warm_python.run_ranks), rank 1 on another commit: both
+ranks stop with DifferentCodeOnRanks."""
 import sys
 
 import torch

@@ -1,5 +1,6 @@
-"""Run under torchrun: when a training block raises, training.distributed.distributed_session must still end the
-Gloo group for good, its worker threads joined while the interpreter runs, though the optimizers outlive it.
+"""Run as the ranks of one job (torchrun, or the tests' warm_python.run_ranks): when a training block raises,
+training.distributed.distributed_session must still end the Gloo group for good, its worker threads joined while the
+interpreter runs, though the optimizers outlive it.
 
 A Gloo worker thread left running into interpreter finalization aborts the process at random ("terminate
 called without an active exception", SIGABRT) instead of letting it exit with its status; a leak of the group

@@ -1,5 +1,6 @@
-"""Run under torchrun with 2 ranks: train.read_step_scalars agrees every rank on the loss and the stop signal, and
-stops every rank alike, before the update, when one rank's batch held a token id beyond the vocabulary."""
+"""Run as the 2 ranks of one job (torchrun, or the tests' warm_python.run_ranks): train.read_step_scalars agrees
+every rank on the loss and the stop signal, and stops every rank alike, before the update, when one rank's batch held
+a token id beyond the vocabulary."""
 import sys
 
 import numpy as np

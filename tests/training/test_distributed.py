@@ -27,10 +27,14 @@ SMALL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_si
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
 
-def run(command, run_dir, *overrides):
-    result = warm_python.run([*command, f"hydra.run.dir={run_dir}", *SMALL, *overrides], cwd=REPO,
-                             timeout=600)
-    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+def run(run_dir, *overrides, ranks=1):
+    """train.py in one process, or as ``ranks`` data-parallel ranks (forked: ``warm_python.run_ranks``; the tests
+    of torchrun itself launch it); (records, step-4 checkpoint)."""
+    command = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *SMALL, *overrides]
+    results = (warm_python.run_ranks(command, world_size=ranks, cwd=REPO, timeout=600) if ranks > 1 else
+               [warm_python.run(command, cwd=REPO, timeout=600)])
+    for result in results:
+        assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     checkpoint = torch.load(Path(run_dir) / "checkpoints" / "ckpt_00000004.pt", weights_only=True)
     return records, checkpoint
@@ -41,9 +45,12 @@ def losses(records, key):
 
 
 def run_script(script, *args):
-    """A script of this folder under torchrun, with the repository importable."""
-    return subprocess.run([*TORCHRUN, str(Path(__file__).with_name(script)), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    """A script of this folder as the two ranks of one job (forked: ``warm_python.run_ranks``), the ranks' output
+    joined as torchrun joins it; its exit status is the first failed rank's."""
+    command = [sys.executable, "-m", f"tests.training.{Path(script).stem}", *args]
+    ranks = warm_python.run_ranks(command, world_size=2, cwd=REPO, timeout=300)
+    return subprocess.CompletedProcess(command, next((r.returncode for r in ranks if r.returncode), 0),
+                                       "".join(r.stdout for r in ranks), "".join(r.stderr for r in ranks))
 
 
 @pytest.mark.slow
@@ -120,8 +127,7 @@ def two_rank_run(tmp_path_factory):
 
     def run_once(optimizer: str):
         if optimizer not in runs:
-            runs[optimizer] = run([*TORCHRUN, "train.py"], tmp_path_factory.mktemp(f"ddp-{optimizer}"),
-                                  *gloo_options(optimizer))
+            runs[optimizer] = run(tmp_path_factory.mktemp(f"ddp-{optimizer}"), *gloo_options(optimizer), ranks=2)
         return runs[optimizer]
 
     return run_once
@@ -130,7 +136,7 @@ def two_rank_run(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", registered_configs().values())
 def test_two_gloo_ranks_train_like_one_process_with_doubled_accumulation(tmp_path, two_rank_run, optimizer):
-    one, one_ckpt = run([sys.executable, "train.py"], tmp_path / "one", *gloo_options(optimizer))
+    one, one_ckpt = run(tmp_path / "one", *gloo_options(optimizer))
     two, two_ckpt = two_rank_run(optimizer)
     assert losses(two, "train/loss") == pytest.approx(losses(one, "train/loss"), rel=1e-6)
     assert losses(two, "val/loss") == pytest.approx(losses(one, "val/loss"), rel=1e-6)
@@ -168,8 +174,8 @@ def zero1_trains_like_ddp(tmp_path, two_rank_run, optimizer, state_key, checkpoi
     """Train with ZeRO-1 under torchrun; assert the losses, weights and (gathered) state of the same run without.
     Returns the ZeRO-1 run's records."""
     plain, plain_ckpt = two_rank_run(optimizer)
-    sharded, sharded_ckpt = run([*TORCHRUN, "train.py"], tmp_path / "zero1", *gloo_options(optimizer),
-                                "train.zero1=true", f"train.checkpoint_interval={checkpoint_interval}")
+    sharded, sharded_ckpt = run(tmp_path / "zero1", *gloo_options(optimizer), "train.zero1=true",
+                                f"train.checkpoint_interval={checkpoint_interval}", ranks=2)
     assert losses(sharded, "train/loss") == pytest.approx(losses(plain, "train/loss"), rel=1e-6)
     for name, tensor in plain_ckpt["model"].items():
         torch.testing.assert_close(sharded_ckpt["model"][name], tensor, rtol=1e-5, atol=1e-6)
@@ -186,19 +192,20 @@ def test_zero1_sharded_mars_adamw_trains_like_unsharded_and_resumes_exactly_from
     full = zero1_trains_like_ddp(tmp_path, two_rank_run, "mars-adamw", lambda s: s["exp_avg"].dim() == 2,
                                  checkpoint_interval=2)
     (tmp_path / "zero1" / "checkpoints" / "ckpt_00000004.pt").unlink()
-    resumed, _ = run([*TORCHRUN, "train.py"], tmp_path / "zero1", *gloo_options("mars-adamw"), "train.zero1=true",
-                     "train.checkpoint_interval=2", "train.resume=true")
+    resumed, _ = run(tmp_path / "zero1", *gloo_options("mars-adamw"), "train.zero1=true",
+                     "train.checkpoint_interval=2", "train.resume=true", ranks=2)
     assert losses(resumed, "train/loss") == losses(full, "train/loss")
 
 
 @pytest.mark.slow
 def test_a_run_resumed_by_more_processes_records_the_global_batch_it_doubles(tmp_path):
-    run([sys.executable, "train.py"], tmp_path, "train.grad_accum_steps=2")  # 2 x 2 accumulation x 1 process
-    resumed = subprocess.run([*TORCHRUN, "train.py", f"hydra.run.dir={tmp_path}", *SMALL, "train.grad_accum_steps=2",
-                              "train.max_iters=6", "train.resume=true"], cwd=REPO, capture_output=True, text=True,
-                             timeout=600)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "changed on resume: train.global_batch_size 4 -> 8 (from step 4 on)" in resumed.stdout, resumed.stdout
+    run(tmp_path, "train.grad_accum_steps=2")  # 2 x 2 accumulation x 1 process
+    resumed = warm_python.run_ranks([sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *SMALL,
+                                     "train.grad_accum_steps=2", "train.max_iters=6", "train.resume=true"],
+                                    world_size=2, cwd=REPO, timeout=600)
+    assert [rank.returncode for rank in resumed] == [0, 0], resumed[0].stderr + resumed[1].stderr
+    message = "changed on resume: train.global_batch_size 4 -> 8 (from step 4 on)"
+    assert message in resumed[0].stdout, resumed[0].stdout
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     event = next(r for r in records if "changed" in r)
     assert event["step"] == 4

@@ -1,7 +1,6 @@
 """An optimizer that evaluates at other weights than it trains at (training/eval_weights.py): the trainer logs the
 validation loss at its evaluation weights, checkpoints them for evaluation, and trains on from its training weights
 as if it had not evaluated."""
-import subprocess
 import sys
 from pathlib import Path
 
@@ -57,22 +56,23 @@ def test_validation_runs_at_the_averaged_weights_and_training_goes_on_from_the_t
     assert val_loss_of({**state, "eval_model": state["model"]}, run_dir) == pytest.approx(plain_val[6], rel=1e-6)
 
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 SMALL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.device=cpu"]
 
 
-def averaging_under_torchrun(run_dir, *overrides):
-    launch = subprocess.run([*TORCHRUN, "-m", "tests.training.averaging_train", *OVERRIDES, *SMALL, *overrides,
-                             f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert launch.returncode == 0, launch.stderr
+def averaging_on_two_ranks(run_dir, *overrides):
+    """The averaging run as two data-parallel ranks (forked as srun would start them: ``warm_python.run_ranks``)."""
+    ranks = warm_python.run_ranks([sys.executable, "-m", "tests.training.averaging_train", *OVERRIDES, *SMALL,
+                                   *overrides, f"hydra.run.dir={run_dir}"], world_size=2, cwd=REPO, timeout=600)
+    for rank in ranks:
+        assert rank.returncode == 0, rank.stderr
     val_losses = [r["val/loss"] for r in read_metrics(run_dir) if "val/loss" in r]
     return val_losses, torch.load(run_dir / "checkpoints" / "ckpt_00000006.pt", weights_only=False)
 
 
 @pytest.mark.slow
 def test_zero1_evaluates_every_shard_at_its_owners_averaged_weights_as_ddp_does(tmp_path):
-    ddp_val, ddp = averaging_under_torchrun(tmp_path / "ddp")
-    zero1_val, zero1 = averaging_under_torchrun(tmp_path / "zero1", "train.zero1=true")
+    ddp_val, ddp = averaging_on_two_ranks(tmp_path / "ddp")
+    zero1_val, zero1 = averaging_on_two_ranks(tmp_path / "zero1", "train.zero1=true")
     assert zero1_val == pytest.approx(ddp_val, rel=1e-6)
     for name, tensor in ddp["eval_model"].items():
         torch.testing.assert_close(zero1["eval_model"][name], tensor, rtol=1e-5, atol=1e-6)
