@@ -53,7 +53,6 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
-from datasets import Dataset, load_dataset
 from tqdm import tqdm
 
 from configs.schema import TrainConfig
@@ -143,6 +142,8 @@ class NanoGPTSplit:
     @functools.cached_property
     def val_documents(self) -> list[int]:
         """Stream indices of the val documents in the split's order, as ``datasets`` itself computes them."""
+        from datasets import Dataset  # imports pandas and pyarrow: seconds, so only where it is used
+
         stand_in = Dataset.from_dict({"document": np.arange(self.documents)})
         split = stand_in.train_test_split(test_size=self.test_size, seed=self.seed, shuffle=True)
         return list(split["test"]["document"])
@@ -226,6 +227,8 @@ def files_source(paths: list[Path], text_column: str = "text") -> dict:
 
 def load_documents(source: dict) -> Iterator[str]:
     """The documents of ``source`` as strings, in their stored order, streamed."""
+    from datasets import load_dataset  # imports pandas and pyarrow: seconds, so only where it is used
+
     if "hub" in source:
         try:
             dataset = load_dataset(source["hub"], name=source["config"], split="train", streaming=True)

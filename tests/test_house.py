@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 LOOP_LINES = 110  # the loop's def to its last line, docstring included
 README_LINES = 250
@@ -127,6 +129,7 @@ def test_the_fast_tier_runs_tests_of_every_test_directory_and_reaches_every_prod
     assert modules.keys() - reached == set()
 
 
+@pytest.mark.slow
 def test_train_py_starts_without_importing_zero_which_only_a_zero1_run_needs():
     # Importing torch.distributed.optim pulls in FSDP and DTensor: seconds on each launch of train.py.
     probe = "import sys, train; print('torch.distributed.optim' in sys.modules)"

@@ -113,6 +113,7 @@ def test_divergence_stops_with_the_step_and_last_checkpoint(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_skipped_non_finite_steps_are_counted_in_the_log_before_the_run_stops(tmp_path):
     result = run_train(tmp_path, *SMALL, "train.max_iters=20", "optimizer.lr=1e30", "train.min_lr=0",
                        "train.warmup_iters=0", "train.max_skipped_steps=2", check=False)

@@ -51,6 +51,7 @@ def test_a_forked_launch_ends_as_a_fresh_python_does(tmp_path, script, monkeypat
     assert "stdin ''" in fresh.stdout
 
 
+@pytest.mark.slow
 def test_a_forked_launch_past_its_timeout_is_killed_and_raises_as_subprocess_does(tmp_path, script):
     with pytest.raises(subprocess.TimeoutExpired):
         warm_python.run([sys.executable, str(script), "sleep"], cwd=tmp_path, timeout=1)

@@ -397,6 +397,7 @@ def test_an_empty_mistyped_or_undecodable_input_file_is_one_line_naming_it(tmp_p
     assert all(phrase in message for phrase in phrases), message
 
 
+@pytest.mark.slow
 def test_an_unreadable_input_and_a_read_only_out_are_one_line(tmp_path, jsonl_corpus):
     from tests.test_one_line_errors import assert_one_line, environment, without_root_file_access
 

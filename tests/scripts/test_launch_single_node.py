@@ -16,6 +16,7 @@ SMALL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_si
          "train.device=cpu", "train.max_iters=2"]
 
 
+@pytest.mark.slow
 def test_a_refused_run_ends_with_its_one_line_after_torchruns_summary(tmp_path):
     env = {**os.environ, "NPROC": "2", "RUN_DIR": str(tmp_path / "run"), "OMP_NUM_THREADS": "1",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}

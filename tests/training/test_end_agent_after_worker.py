@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.training.test_elastic import children, running, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,6 +56,7 @@ def test_a_worker_still_running_after_the_bound_is_killed_and_then_the_agent():
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.slow
 def test_an_agent_that_reads_its_workers_exit_status_is_left_alone():
     status, _ = run_ender("2", reads_status=True)
     assert status is None

@@ -78,6 +78,7 @@ def test_the_lock_of_a_process_that_died_does_not_block_its_resume(tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path) if "val/loss" in r] == [0, 4]
 
 
+@pytest.mark.slow
 def test_deleting_run_lock_does_not_unlock_the_directory_of_a_live_run(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
                               text=True)
