@@ -363,8 +363,8 @@ def test_a_token_id_beyond_the_vocabulary_in_one_ranks_batch_stops_every_rank_of
     timeout_s = 300
     started = time.monotonic()
     overrides = [f"data.dir={corpus}", "data.sampling=sequential", "train.eval_iters=2"]
-    ranks = start_ranks(tmp_path, [overrides, overrides], timeout_s)
-    outputs = [rank.communicate(timeout=2 * timeout_s) for rank in ranks]
+    ranks = srun_ranks(tmp_path, [overrides, overrides], timeout_s)
+    outputs = [(rank.stdout, rank.stderr) for rank in ranks]
     assert time.monotonic() - started < timeout_s / 2  # neither waited for the other until the timeout
     assert [rank.returncode != 0 for rank in ranks] == [True, True], outputs
     output = "".join(out + err for out, err in outputs)
@@ -374,15 +374,12 @@ def test_a_token_id_beyond_the_vocabulary_in_one_ranks_batch_stops_every_rank_of
     assert output.count("holds token id 60000") == 1, output  # told once, by rank 0
 
 
-def start_ranks(tmp_path, overrides_of_rank, timeout_s: int) -> list[subprocess.Popen]:
-    """Two ranks started as srun starts them (no torchrun agent to end the others), rank r with its overrides."""
-    port = free_port()
-    return [subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={tmp_path / 'run'}", *SMALL,
-         f"train.distributed_timeout_s={timeout_s}", *overrides_of_rank[rank]],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=environment({"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                         "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})) for rank in (0, 1)]
+def srun_ranks(tmp_path, overrides_of_rank, timeout_s: int) -> list[subprocess.CompletedProcess]:
+    """Two ranks started as srun starts them, each ending on its own (no torchrun agent to end the others), rank r
+    with its overrides; forked from the warm Python (``warm_python.run_ranks``). Their results once both ended."""
+    return warm_python.run_ranks([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'run'}", *SMALL,
+                                  f"train.distributed_timeout_s={timeout_s}"], world_size=2, cwd=REPO,
+                                 timeout=2 * timeout_s, rank_args=overrides_of_rank, end_on_failure=False)
 
 
 @pytest.mark.slow
@@ -390,14 +387,14 @@ def test_data_no_rank_can_use_is_told_once_and_data_one_rank_lacks_stops_the_oth
     timeout_s = 300
     edit_manifest(corpus, lambda m: m.update(vocab_size=60_000))  # more than model.vocab_size: every rank's fault
     started = time.monotonic()
-    ranks = start_ranks(tmp_path / "alike", [[f"data.dir={corpus}"]] * 2, timeout_s)
-    outputs = [rank.communicate(timeout=2 * timeout_s) for rank in ranks]
+    ranks = srun_ranks(tmp_path / "alike", [[f"data.dir={corpus}"]] * 2, timeout_s)
+    outputs = [(rank.stdout, rank.stderr) for rank in ranks]
     output = "".join(out + err for out, err in outputs)
     assert [rank.returncode != 0 for rank in ranks] == [True, True] and "Traceback" not in output, output
     assert output.count("(vocabulary 60000) but model.vocab_size is") == 1, output  # told once, by rank 0
     # A directory only rank 1 lacks (a node without the shared file system): rank 0 stops too, naming rank 1's fault.
-    ranks = start_ranks(tmp_path / "one", [[], [f"data.dir={tmp_path / 'not-mounted'}"]], timeout_s)
-    outputs = [rank.communicate(timeout=2 * timeout_s) for rank in ranks]
+    ranks = srun_ranks(tmp_path / "one", [[], [f"data.dir={tmp_path / 'not-mounted'}"]], timeout_s)
+    outputs = [(rank.stdout, rank.stderr) for rank in ranks]
     output = "".join(out + err for out, err in outputs)
     assert time.monotonic() - started < timeout_s / 2, output  # no rank waited for the other until the timeout
     assert [rank.returncode != 0 for rank in ranks] == [True, True] and "Traceback" not in output, output

@@ -2,6 +2,7 @@
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -66,3 +67,41 @@ def test_what_a_fork_cannot_give_runs_in_a_fresh_process(tmp_path, script):
     result = warm_python.run(["env", "WARM_TEST=prefixed", sys.executable, str(script), "normal"], cwd=tmp_path,
                              timeout=60)
     assert "env prefixed torch imported False" in result.stderr
+
+
+RANK_SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    total = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(total)
+    launcher = [os.environ[name] for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")]
+    print("rank", dist.get_rank(), "launcher", launcher, "sum", total.item(), "argv", sys.argv[1:], flush=True)
+    dist.destroy_process_group()
+    if sys.argv[1] == "fail":
+        sys.exit(3)
+    time.sleep(float(sys.argv[1]))
+""")
+
+
+@pytest.mark.slow
+def test_forked_ranks_form_one_gloo_group_each_with_its_launcher_variables_arguments_and_exit_status(tmp_path):
+    (tmp_path / "ranks.py").write_text(RANK_SCRIPT)
+    ranks = warm_python.run_ranks([sys.executable, "ranks.py"], world_size=3, cwd=tmp_path, timeout=120,
+                                  rank_args=[["0"], ["fail"], ["0"]], end_on_failure=False)
+    assert [rank.returncode for rank in ranks] == [0, 3, 0]
+    for rank, result in enumerate(ranks):  # 1 + 2 + 3 summed over the group
+        argv = "fail" if rank == 1 else "0"
+        assert result.stdout == f"rank {rank} launcher {[str(rank), str(rank), '3', '3']} sum 6.0 argv {[argv]}\n"
+
+
+@pytest.mark.slow
+def test_a_failed_rank_ends_the_others_as_torchruns_agent_would_unless_each_rank_ends_on_its_own(tmp_path):
+    (tmp_path / "ranks.py").write_text(RANK_SCRIPT)
+    started = time.monotonic()
+    ended = warm_python.run_ranks([sys.executable, "ranks.py"], world_size=2, cwd=tmp_path, timeout=120,
+                                  rank_args=[["100"], ["fail"]])
+    assert [rank.returncode for rank in ended] == [-9, 3] and time.monotonic() - started < 60
+    left = warm_python.run_ranks([sys.executable, "ranks.py"], world_size=2, cwd=tmp_path, timeout=120,
+                                 rank_args=[["8"], ["fail"]], end_on_failure=False)
+    assert [rank.returncode for rank in left] == [0, 3]  # rank 0 slept its 8 s out

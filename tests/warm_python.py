@@ -49,13 +49,14 @@ def serve():
             if child == 0:
                 return {**request, **rank}
             children.append(child)
-        channel.sendall((json.dumps({"returncodes": wait(children, request["timeout"])}) + "\n").encode())
+        statuses = wait(children, request["timeout"], request.get("end_on_failure", True))
+        channel.sendall((json.dumps({"returncodes": statuses}) + "\n").encode())
     raise SystemExit(0)
 
 
-# Each child's exit status, or "timeout". A rank that fails ends the others a few seconds later, as torchrun's
-# agent does, rather than leaving them to wait for it in a collective.
-def wait(children, timeout):
+# Each child's exit status, or "timeout". With end_on_failure, a rank that fails ends the others a few seconds
+# later, as torchrun's agent does, rather than leaving them to wait for it in a collective.
+def wait(children, timeout, end_on_failure):
     deadline, statuses, failed_at = time.monotonic() + timeout, {}, None
     while len(statuses) < len(children):
         for child in children:
@@ -63,7 +64,7 @@ def wait(children, timeout):
                 done, code = os.waitpid(child, os.WNOHANG)
                 if done:
                     statuses[child] = os.waitstatus_to_exitcode(code)
-                    if statuses[child] != 0 and failed_at is None:
+                    if statuses[child] != 0 and failed_at is None and end_on_failure:
                         failed_at = time.monotonic()
         now = time.monotonic()
         if now > deadline or (failed_at is not None and now > failed_at + 5):
@@ -137,13 +138,14 @@ class Zygote:
         theirs.close()
         self.channel, self.replies = ours, ours.makefile("r")
 
-    def run(self, argv: list[str], cwd: Path, envs: list[dict], timeout: float) -> list[tuple[int | None, str, str]]:
-        """(exit status or None on a timeout, stdout, stderr) of ``argv`` run once per environment in ``envs``, at
-        the same time."""
+    def run(self, argvs: list[list[str]], cwd: Path, envs: list[dict], timeout: float,
+            end_on_failure: bool = True) -> list[tuple[int | None, str, str]]:
+        """(exit status or None on a timeout, stdout, stderr) of each ``argvs[i]`` run with ``envs[i]``, all at the
+        same time."""
         with tempfile.TemporaryDirectory() as folder:
-            ranks = [{"env": env, "stdout": f"{folder}/stdout{i}", "stderr": f"{folder}/stderr{i}"}
-                     for i, env in enumerate(envs)]
-            request = {"argv": argv, "cwd": str(cwd), "timeout": timeout, "ranks": ranks}
+            ranks = [{"argv": argv, "env": env, "stdout": f"{folder}/stdout{i}", "stderr": f"{folder}/stderr{i}"}
+                     for i, (argv, env) in enumerate(zip(argvs, envs, strict=True))]
+            request = {"cwd": str(cwd), "timeout": timeout, "ranks": ranks, "end_on_failure": end_on_failure}
             self.channel.sendall((json.dumps(request) + "\n").encode())
             reply = self.replies.readline()
             if not reply:
@@ -188,7 +190,7 @@ def run(args, *, cwd, timeout: float, env: dict | None = None, check: bool = Fal
     args = [str(arg) for arg in args]
     if not forkable(args, env):
         return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=check)
-    [(returncode, stdout, stderr)] = zygote().run(args[1:], Path(cwd).resolve(),
+    [(returncode, stdout, stderr)] = zygote().run([args[1:]], Path(cwd).resolve(),
                                                   [dict(os.environ if env is None else env)], timeout)
     if returncode is None:
         raise subprocess.TimeoutExpired(args, timeout, stdout, stderr)
@@ -198,12 +200,15 @@ def run(args, *, cwd, timeout: float, env: dict | None = None, check: bool = Fal
     return result
 
 
-def run_ranks(args, *, world_size: int, cwd, timeout: float) -> list[subprocess.CompletedProcess]:
+def run_ranks(args, *, world_size: int, cwd, timeout: float, rank_args: list[list[str]] | None = None,
+              end_on_failure: bool = True) -> list[subprocess.CompletedProcess]:
     """``args`` (``python SCRIPT ...`` or ``python -m MODULE ...``) as the ``world_size`` ranks of one job on this
     host, each forked from the warm Python with the variables torchrun gives its workers (``RANK``,
     ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), as srun or a
     hand launch starts ranks: data-parallel runs without torchrun's agent and the fresh interpreters it starts.
-    Tests about torchrun itself (its agent, restarts, signals) launch it instead. The ranks' results, by rank."""
+    Tests about torchrun itself (its agent, restarts, signals) launch it instead. Rank r appends ``rank_args[r]``
+    to ``args``. A rank that fails ends the others 5 s later, as torchrun's agent would, unless not
+    ``end_on_failure`` (srun's ranks, which each end on their own). The ranks' results, by rank."""
     args = [str(arg) for arg in args]
     if not forkable(args, None):
         raise ValueError(f"run_ranks forks python SCRIPT or python -m MODULE, not {args[:3]}")
@@ -213,8 +218,9 @@ def run_ranks(args, *, world_size: int, cwd, timeout: float) -> list[subprocess.
     launcher = {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(port)}
     envs = [{**os.environ, **launcher, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(world_size)]
-    results = zygote().run(args[1:], Path(cwd).resolve(), envs, timeout)
+    argvs = [[*args[1:], *map(str, rank_args[rank] if rank_args else [])] for rank in range(world_size)]
+    results = zygote().run(argvs, Path(cwd).resolve(), envs, timeout, end_on_failure)
     if any(returncode is None for returncode, _, _ in results):
         raise subprocess.TimeoutExpired(args, timeout, "".join(out for _, out, _ in results),
                                         "".join(err for _, _, err in results))
-    return [subprocess.CompletedProcess(args, *result) for result in results]
+    return [subprocess.CompletedProcess([args[0], *argv], *result) for argv, result in zip(argvs, results)]
