@@ -71,15 +71,16 @@ def pick_unit(largest: float, units: tuple[tuple[str, float], ...]) -> tuple[str
     return next(((name, scale) for name, scale in units if largest >= scale), units[-1])
 
 
-def curve_label(name: str, setting: Setting) -> str:
+def curve_label(name: str, setting: Setting, *more_notes: str) -> str:
     """The legend label of the line of ``setting``: its name, how many seeds it averages, and which of them
-    stopped before their max_iters, as the line ends where they did
+    stopped before their max_iters, as the line ends where they did, then ``more_notes``, all in one bracket
     (``AdamW (2 seeds; stopped: adamw-seed2 at step 1,200 of 10,000)``)."""
     notes = [f"{len(setting.runs)} seeds"] if len(setting.runs) > 1 else []
     if setting.stopped_runs:
         notes.append(f"stopped: {where_stopped(setting.stopped_runs)}")
     if setting.failed:
         notes.append(", ".join(run.failed_at for run in setting.runs))
+    notes += more_notes
     return f"{name} ({'; '.join(notes)})" if notes else name
 
 
@@ -101,9 +102,9 @@ def group_figure(lines: list[tuple[str, Setting]], x_axis: str, title: str) -> p
     unit, scale = pick_unit(max(curve[column].max(initial=0.0) for curve in curves),
                             TOKEN_UNITS if x_axis == "tokens" else TIME_UNITS)
     drawn, not_drawn = [], []
-    for (label, _, tokens, seconds, losses, failed), (_, setting) in zip(curves, lines):
+    for (label, _, tokens, seconds, losses, failed), (name, setting) in zip(curves, lines):
         if not np.isfinite(losses).any():
-            not_drawn.append(f"{label} ({nothing_to_draw(setting, losses)})")
+            not_drawn.append(curve_label(name, setting, nothing_to_draw(setting, losses)))
             continue
         x = (tokens if x_axis == "tokens" else seconds).mean(axis=0) / scale
         [line] = axes.plot(x, losses.mean(axis=0), label=label, linestyle="--" if failed else "-",

@@ -147,7 +147,7 @@ def test_every_point_draws_a_line_per_setting_labelled_by_the_swept_value_in_num
         "AdamW", "MARS-approx, gamma=0.005", "MARS-approx, gamma=0.025", "MARS-approx, gamma=0.05",
         "MARS-approx, gamma=0.5 (diverged at step 60)"]
     assert [text.get_text() for text in axes.texts] == [
-        f"{plot_curves_module.NOT_DRAWN_NOTE}\nMARS-approx, gamma=-0.1 (refused) (no evaluation)"]
+        f"{plot_curves_module.NOT_DRAWN_NOTE}\nMARS-approx, gamma=-0.1 (refused; no evaluation)"]
     # The failed point: dashed, a cross at the last evaluation.
     styles = [(line.get_linestyle(), line.get_marker(), line.get_xdata().size) for line in axes.lines]
     assert styles == [("-", "None", 3), ("-", "None", 3), ("-", "None", 3), ("-", "None", 3), ("--", "x", 2)]
@@ -214,6 +214,6 @@ def test_a_run_that_blew_up_leaves_the_frame_as_triangles_and_the_healthy_curves
     assert all(line.get_transform() == axes.get_xaxis_transform() for line in triangles)
     assert [text.get_text() for text in axes.texts] == [
         f"{plot_curves_module.CLIPPED_NOTE} (up to 981)\n{plot_curves_module.NOT_DRAWN_NOTE}\n"
-        "MARS-approx, gamma=-0.1, lr=0.003 (refused) (no evaluation)"]
+        "MARS-approx, gamma=-0.1, lr=0.003 (refused; no evaluation)"]
     plt.close(figure)
 

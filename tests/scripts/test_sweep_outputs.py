@@ -49,5 +49,5 @@ def test_the_table_and_the_figures_show_every_point_of_a_sweep(tmp_path, make_ru
     legend = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
     assert legend == [*names[1:-1], f"{names[-1]} (diverged at step 6)"]  # the refused point draws nothing...
     assert [text.get_text() for text in figure.axes[0].texts] == [  # ...and is listed under the axes
-        f"{plot_curves_module.NOT_DRAWN_NOTE}\n{names[0]} (refused) (no evaluation)"]
+        f"{plot_curves_module.NOT_DRAWN_NOTE}\n{names[0]} (refused; no evaluation)"]
     plt.close(figure)

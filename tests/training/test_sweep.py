@@ -300,7 +300,7 @@ def test_a_sweep_with_a_finite_blow_up_and_a_refused_gamma_gives_a_table_and_fig
     [triangles] = [line for line in axes.lines if line.get_marker() == "^"]
     assert triangles.get_xdata().size == 1 and [text.get_text() for text in axes.texts] == ["\n".join(
         [f"{CLIPPED_NOTE} (up to {val_losses(blown)[2]:.4g})", NOT_DRAWN_NOTE,
-         *(f"MARS-approx, gamma=-0.1, lr={lr} (refused) (no evaluation)" for lr in ("0.001", "0.003", "10.0"))])]
+         *(f"MARS-approx, gamma=-0.1, lr={lr} (refused; no evaluation)" for lr in ("0.001", "0.003", "10.0"))])]
     assert len(axes.get_legend().get_texts()) == 3  # the refused points, which draw nothing, have no entry
     plt.close(figure)
 
