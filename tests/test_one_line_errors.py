@@ -5,7 +5,6 @@ import os
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -331,18 +330,12 @@ def test_launcher_variables_left_in_the_shell_are_named_with_how_to_clear_them(t
                     "LOCAL_RANK, MASTER_ADDR, MASTER_PORT unset", "unset RANK WORLD_SIZE")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("rank", ["0", "1"])
 def test_a_full_set_of_launcher_variables_left_in_the_shell_ends_the_wait_with_one_line(tmp_path, rank):
     # Every variable torchrun sets, yet no other rank comes: after train.distributed_timeout_s, one line.
     env = {"RANK": rank, "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port()), "TORCHELASTIC_RUN_ID": None}
+           "MASTER_PORT": str(warm_python.free_port()), "TORCHELASTIC_RUN_ID": None}
     last = assert_one_line(train(tmp_path / "run", "train.distributed_timeout_s=3", env=env),
                            f"rank {rank} of WORLD_SIZE=2 could not join the process group", "within 3s",
                            "unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT")

@@ -49,7 +49,7 @@ def serve():
             if child == 0:
                 return {**request, **rank}
             children.append(child)
-        statuses = wait(children, request["timeout"], request.get("end_on_failure", True))
+        statuses = wait(children, request["timeout"], request["end_on_failure"])
         channel.sendall((json.dumps({"returncodes": statuses}) + "\n").encode())
     raise SystemExit(0)
 
@@ -200,6 +200,13 @@ def run(args, *, cwd, timeout: float, env: dict | None = None, check: bool = Fal
     return result
 
 
+def free_port() -> int:
+    """A port of this host that nothing listens on now, for a job's rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def run_ranks(args, *, world_size: int, cwd, timeout: float, rank_args: list[list[str]] | None = None,
               end_on_failure: bool = True) -> list[subprocess.CompletedProcess]:
     """``args`` (``python SCRIPT ...`` or ``python -m MODULE ...``) as the ``world_size`` ranks of one job on this
@@ -212,11 +219,8 @@ def run_ranks(args, *, world_size: int, cwd, timeout: float, rank_args: list[lis
     args = [str(arg) for arg in args]
     if not forkable(args, None):
         raise ValueError(f"run_ranks forks python SCRIPT or python -m MODULE, not {args[:3]}")
-    with socket.socket() as probe:  # a port no other job of the suite is listening on now
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     launcher = {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port)}
+                "MASTER_PORT": str(free_port())}
     envs = [{**os.environ, **launcher, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(world_size)]
     argvs = [[*args[1:], *map(str, rank_args[rank] if rank_args else [])] for rank in range(world_size)]
     results = zygote().run(argvs, Path(cwd).resolve(), envs, timeout, end_on_failure)

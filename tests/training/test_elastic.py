@@ -3,7 +3,6 @@ command of docs/multi-node.md and scripts/slurm_multinode.sbatch start them: a w
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,12 +19,6 @@ SMALL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_si
          "train.eval_iters=2", "train.warmup_iters=1", "train.log_interval=1", "train.device=cpu",
          "train.eval_interval=100", "train.global_batch_size=4"]
 WAIT_S = 300
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def torchrun_node(endpoint: str, run_id: str | None, *args: str, max_restarts: int = 0) -> list[str]:
@@ -102,7 +95,7 @@ def two_node_job(tmp_path: Path, *overrides: str, max_restarts: int = 0, repos=(
                  run_id: str | None = "job", cwd: Path | None = None) -> list[subprocess.Popen]:
     """Start both nodes (node i runs ``repos[i]``'s train.py), call ``during(nodes)`` while they run, wait for
     both; returns the finished nodes."""
-    endpoint = f"127.0.0.1:{free_port()}"
+    endpoint = f"127.0.0.1:{warm_python.free_port()}"
     run_id = run_id and f"{run_id}-{uuid.uuid4().hex[:8]}"
     nodes = []
     try:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import warm_python
 from tests.source_copy import copy_source_tree
-from tests.training.test_elastic import (REPO, SMALL, free_port, logs, process_tree, running, signal_process_groups,
+from tests.training.test_elastic import (REPO, SMALL, logs, process_tree, running, signal_process_groups,
                                          start_node, stop_all, torchrun_node, wait_for, workers)
 
 TIMEOUT_S = 10  # train.distributed_timeout_s of these runs
@@ -26,7 +27,7 @@ def two_nodes(tmp_path: Path, *overrides: str, repos=(REPO, REPO), max_restarts:
     """Both nodes of a job (node i runs ``repos[i]``'s train.py; run id None: torchrun's default), node 0 first:
     its torchrun holds the rendezvous's store, as the first node's does on a cluster. ``through_reason_last``: each
     torchrun runs under the launch scripts' ``reason_last``, as scripts/slurm_multinode.sbatch runs it."""
-    port, run_id, nodes = free_port(), run_id and f"{run_id}-{uuid.uuid4().hex[:8]}", []
+    port, run_id, nodes = warm_python.free_port(), run_id and f"{run_id}-{uuid.uuid4().hex[:8]}", []
     try:
         for index, repo in enumerate(repos):
             command = torchrun_node(f"127.0.0.1:{port}", run_id, str(repo / "train.py"), *SMALL, *overrides,
