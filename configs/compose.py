@@ -53,13 +53,16 @@ def register_configs() -> None:
             f"/optimizer_{name}_fields@_here_", f"/optimizer_{name}_train_defaults@_global_", "_self_"]})
 
 
+# The sections whose schema is the same whatever the config groups chose (the optimizer's is its row's).
+FIXED_SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "wandb": WandbConfig}
+
+
 def check_known_keys(cfg) -> None:
     """Refuse keys that no schema knows, however they were added (``+optimizer.gama=0.1`` merges silently)."""
     name, rows = cfg.optimizer.get("name"), OPTIMIZERS
     require(name in rows, f"unknown optimizer.name {name!r}: the optimizers are "
             f"{', '.join(rows)} (optimizer=<one of configs/optimizer/>)")
-    sections = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "wandb": WandbConfig,
-                "optimizer": rows[name].schema}
+    sections = {**FIXED_SECTIONS, "optimizer": rows[name].schema}
     for key in cfg:
         require(key in sections, f"unknown config key {key!r}: the top-level keys are {', '.join(sections)}")
     for section, schema in sections.items():
@@ -135,7 +138,8 @@ def refuse_unknown_config_keys(argv: list[str]) -> None:
     Hydra would stop on it with several lines, for an override with the advice to append it (``+optimizer.gammma``,
     which the schema check then refuses). The config is composed as Hydra will compose it, once per option of a
     config group that a sweep runs through (a key may be unknown to one optimizer only); any other failure is left
-    to Hydra to tell. Nothing is composed where nothing can be unknown: no dotted key set, no directory of the user's.
+    to Hydra to tell. Nothing is composed where nothing can be unknown: no directory of the user's, and each dotted
+    key set is a field of a section whose schema no choice changes (``train.max_iters``; not ``optimizer.*``).
     """
     arguments = get_args_parser().parse_args(argv)
     if arguments.config_name not in (None, "config") or arguments.config_path:  # another primary config
@@ -145,8 +149,8 @@ def refuse_unknown_config_keys(argv: list[str]) -> None:
     except OverrideParseException:  # a malformed override: Hydra names it
         return
     user_dirs = user_config_dirs(argv)
-    if not user_dirs and not any("." in o.key_or_group and not (o.is_add() or o.is_delete() or o.is_force_add())
-                                 and not o.key_or_group.startswith("hydra") for o in overrides):
+    if not user_dirs and all(_known_whatever_is_chosen(o.key_or_group) for o in overrides
+                             if not (o.is_add() or o.is_delete() or o.is_force_add())):
         return
     if arguments.config_dir:  # as Hydra adds it: on the search path
         overrides = [o for o in overrides if o.key_or_group != "hydra.searchpath"]
@@ -161,6 +165,14 @@ def refuse_unknown_config_keys(argv: list[str]) -> None:
             message = _unknown_key_message(err, user_dirs)
             if message:
                 raise UnknownConfigKey(message) from None
+
+
+def _known_whatever_is_chosen(key: str) -> bool:
+    """Whether ``key`` (of an override) is a config group, Hydra's own, or a field of a fixed section's schema."""
+    section, dot, field = key.partition(".")
+    if not dot or section == "hydra":
+        return True
+    return section in FIXED_SECTIONS and field in {f.name for f in dataclasses.fields(FIXED_SECTIONS[section])}
 
 
 def _launches(overrides) -> list[list[str]]:

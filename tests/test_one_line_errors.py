@@ -297,12 +297,11 @@ def test_a_default_run_directory_under_a_read_only_working_directory_is_refused(
 @pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once_with_one_line_and_keeps_the_checkpoints(tmp_path):
     run_dir = tmp_path / "run"
-    process = subprocess.Popen([sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", *SMALL,
-                                "train.max_iters=100000", "train.checkpoint_interval=2", "train.log_interval=1",
-                                # steps long enough for the second signal to arrive during one
-                                "model.n_layer=4", "model.n_embd=256", "train.batch_size=8", "train.block_size=64"],
-                               cwd=REPO, env=environment({}), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+    process = warm_python.start([sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", *SMALL,
+                                 "train.max_iters=100000", "train.checkpoint_interval=2", "train.log_interval=1",
+                                 # steps long enough for the second signal to arrive during one
+                                 "model.n_layer=4", "model.n_embd=256", "train.batch_size=8", "train.block_size=64"],
+                                cwd=REPO, env=environment({}), stdout=tmp_path / "out", stderr=tmp_path / "err")
     deadline = time.monotonic() + 300
     while not list((run_dir / "checkpoints").glob("ckpt_*.pt")):
         assert process.poll() is None and time.monotonic() < deadline, "the run wrote no checkpoint"
@@ -315,8 +314,9 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line_and_keeps_the_checkpoints(t
         assert process.poll() is None and time.monotonic() < deadline, "the first Ctrl-C was not handled"
         time.sleep(0.01)
     process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=300)
-    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    process.wait(timeout=300)
+    result = subprocess.CompletedProcess(process.args, process.returncode, (tmp_path / "out").read_text(),
+                                         (tmp_path / "err").read_text())
     assert_one_line(result, "second Ctrl-C", "train.resume=true")
     for path, content in saved.items():  # the first signal may add a checkpoint; none is lost or torn
         assert path.read_bytes() == content

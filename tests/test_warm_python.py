@@ -1,4 +1,5 @@
 """tests.warm_python forks launches from a warm Python: each must end as `python SCRIPT` ends in a fresh process."""
+import signal
 import subprocess
 import sys
 import textwrap
@@ -20,8 +21,9 @@ SCRIPT = textwrap.dedent("""
         raise ValueError("uncaught")
     if sys.argv[1] == "status":
         sys.exit(3)
-    if sys.argv[1] == "sleep":
+    if sys.argv[1] in ("sleep", "wait"):
         import time
+        print("waiting", flush=True)
         time.sleep(60)
 """)
 
@@ -67,6 +69,41 @@ def test_what_a_fork_cannot_give_runs_in_a_fresh_process(tmp_path, script):
     result = warm_python.run(["env", "WARM_TEST=prefixed", sys.executable, str(script), "normal"], cwd=tmp_path,
                              timeout=60)
     assert "env prefixed torch imported False" in result.stderr
+
+
+def popen(args, *, cwd, stdout, stderr):
+    with open(stdout, "w") as out, open(stderr, "w") as err:
+        return subprocess.Popen(args, cwd=cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL, None])
+def test_a_started_launch_is_polled_signalled_and_waited_for_as_a_popen_of_a_fresh_python_is(tmp_path, script,
+                                                                                              signum):
+    args = [sys.executable, str(script), "wait" if signum else "status"]
+    assert warm_python.forkable(args, None)
+    ended = []
+    for start in (popen, warm_python.start):
+        out, err = tmp_path / f"{start.__name__}.out", tmp_path / f"{start.__name__}.err"
+        process = start(args, cwd=tmp_path, stdout=out, stderr=err)
+        deadline = time.monotonic() + 60
+        while signum and "waiting" not in out.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.01)
+        if signum:
+            process.send_signal(signal.SIGSTOP)  # as a suspended job: neither ended nor waitable
+            with pytest.raises(subprocess.TimeoutExpired):
+                process.wait(timeout=0.2)
+            process.send_signal(signal.SIGCONT)
+            process.send_signal(signum)
+        returncode = process.wait(timeout=60)
+        stderr = err.read_text().replace("torch imported True", "torch imported False")  # preloaded in the fork
+        ended.append((returncode, out.read_text(), stderr))
+        assert process.poll() == process.returncode == ended[-1][0]
+        process.kill()  # ended: nothing to signal, as Popen
+    assert ended[0] == ended[1]
+    assert ended[0][0] == (-signum if signum else 3), ended
+    assert ("KeyboardInterrupt" in ended[0][2]) == (signum == signal.SIGINT)
+    assert ("atexit ran" in ended[0][1]) == (signum in (signal.SIGINT, None))
 
 
 RANK_SCRIPT = textwrap.dedent("""

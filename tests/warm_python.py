@@ -8,20 +8,24 @@ the script there as ``python SCRIPT`` would: its own process, working directory,
 ``sys.path[0]``, stdin from /dev/null, stdout and stderr captured, exit status, traceback or ``SystemExit``
 message, and interpreter shutdown (atexit, flushing). The script and the project's own modules are imported
 afresh in each launch; only the third-party modules in ``PRELOADED`` are shared.
-``run_ranks`` forks the ranks of one data-parallel job the same way, as srun would start them.
+``run_ranks`` forks the ranks of one data-parallel job the same way, as srun would start them; ``start`` forks a
+launch that a test does not wait for but polls and signals (Ctrl-C, SIGTERM, SIGKILL) while it runs, as a Popen.
 
-What a fork cannot give, ``run`` leaves to ``subprocess.run``: another interpreter or a command prefix
+What a fork cannot give, ``run`` and ``start`` leave to ``subprocess``: another interpreter or a command prefix
 (``setpriv``), an environment that changes a variable read when torch is imported (``ENV_READ_AT_IMPORT``),
 torchrun (``NOT_FORKED_MODULES``), and anything that is not ``python SCRIPT`` or ``python -m MODULE``. Tests about
-how a launch starts (its imports, torchrun, signals sent to a running process) start real processes.
+how a launch starts (its imports, torchrun) start real processes.
 """
 import atexit
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 PRELOADED = ("torch", "torch._dynamo", "numpy", "hydra", "omegaconf")
@@ -41,8 +45,31 @@ channel = socket.socket(fileno=int(sys.argv[1]))
 requests = channel.makefile("r")
 
 def serve():
+    monitors = []
     for line in requests:
         request = json.loads(line)
+        monitors = [monitor for monitor in monitors if not os.waitpid(monitor, os.WNOHANG)[0]]
+        if "status" in request:  # started, not waited for: a monitor reports the pid, waits and writes the status
+            pid_reader, pid_writer = os.pipe()
+            monitor = os.fork()
+            if monitor == 0:
+                child = os.fork()
+                if child == 0:
+                    os.close(pid_reader)
+                    os.close(pid_writer)
+                    return {**request, **request["ranks"][0]}
+                os.write(pid_writer, str(child).encode())
+                status = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+                with open(request["status"] + ".part", "w") as status_file:
+                    status_file.write(str(status))
+                os.rename(request["status"] + ".part", request["status"])
+                os._exit(0)
+            os.close(pid_writer)
+            pid = int(os.read(pid_reader, 32))
+            os.close(pid_reader)
+            monitors.append(monitor)
+            channel.sendall((json.dumps({"pid": pid}) + "\n").encode())
+            continue
         children = []
         for rank in request["ranks"]:  # one process, or each rank of a job
             child = os.fork()
@@ -83,7 +110,10 @@ channel.close()
 stdin = os.open(os.devnull, os.O_RDONLY)
 os.dup2(stdin, 0)
 for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+    if path is None:  # stderr into stdout's file, as subprocess.STDOUT
+        os.dup2(1, fd)
+    else:
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
 os.chdir(request["cwd"])
 os.environ.clear()
 os.environ.update(request["env"])
@@ -154,6 +184,17 @@ class Zygote:
                      Path(rank["stderr"]).read_text(errors="replace"))
                     for status, rank in zip(json.loads(reply)["returncodes"], ranks)]
 
+    def start(self, args: list[str], cwd: Path, env: dict, stdout: Path, stderr: Path | None) -> "Started":
+        """``args`` (``python SCRIPT ...``) started, not waited for: stdout to the file ``stdout``, stderr to
+        ``stderr`` or into stdout's file."""
+        status = Path(tempfile.mkdtemp(prefix="warm-python-")) / "status"
+        rank = {"argv": args[1:], "env": env, "stdout": str(stdout), "stderr": None if stderr is None else str(stderr)}
+        self.channel.sendall((json.dumps({"cwd": str(cwd), "status": str(status), "ranks": [rank]}) + "\n").encode())
+        reply = self.replies.readline()
+        if not reply:
+            raise RuntimeError(f"the warm Python (pid {self.process.pid}) ended: exit status {self.process.wait()}")
+        return Started(args, json.loads(reply)["pid"], status)
+
     def close(self):
         self.replies.close()
         self.channel.close()  # the zygote reads the end of its requests and exits
@@ -198,6 +239,57 @@ def run(args, *, cwd, timeout: float, env: dict | None = None, check: bool = Fal
     if check:
         result.check_returncode()
     return result
+
+
+class Started:
+    """A script started from the warm Python, with the part of ``subprocess.Popen``'s interface that tests use:
+    ``pid``, ``args``, ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill``. Its exit status
+    comes from the zygote's monitor of it (this process is not its parent)."""
+
+    def __init__(self, args: list[str], pid: int, status: Path):
+        self.args, self.pid, self.returncode, self._status = args, pid, None, status
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._status.exists():
+            self.returncode = int(self._status.read_text())
+            shutil.rmtree(self._status.parent, ignore_errors=True)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:  # ended since: as Popen, nothing to signal
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def start(args, *, cwd, stdout: Path, stderr: Path | None = None, env: dict | None = None):
+    """``subprocess.Popen(args, cwd=cwd, env=env, ...)`` with stdout written to the file ``stdout`` and stderr to
+    ``stderr`` (or into stdout's file), forked from the warm Python where it can be: a process that a test waits
+    for, polls or signals (Ctrl-C, SIGTERM, SIGKILL) as it would a Popen."""
+    args = [str(arg) for arg in args]
+    if not forkable(args, env):
+        with open(stdout, "w") as out, open(stderr or os.devnull, "w") as err:
+            return subprocess.Popen(args, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=err if stderr else subprocess.STDOUT)
+    for path in (stdout, stderr or stdout):  # there once this returns, as Popen's files are
+        open(path, "w").close()
+    return zygote().start(args, Path(cwd).resolve(), dict(os.environ if env is None else env), Path(stdout),
+                          None if stderr is None else Path(stderr))
 
 
 def free_port() -> int:

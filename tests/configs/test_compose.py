@@ -2,6 +2,7 @@
 naming it (and the file), with the nearest key: before Hydra's advice to append it."""
 import pytest
 
+import configs.compose
 from configs.compose import UnknownConfigKey, refuse_unknown_config_keys
 
 
@@ -34,6 +35,26 @@ def test_a_key_unknown_to_one_optimizer_of_a_sweep_is_refused_for_it():
 ])
 def test_known_keys_and_what_hydra_tells_best_pass(arguments):
     refuse_unknown_config_keys(arguments)
+
+
+@pytest.mark.parametrize("arguments, composes", [
+    (["train.max_iters=5", "model.n_layer=2", "data.dir=/tmp", "wandb.mode=disabled", "hydra.run.dir=/tmp/run",
+      "optimizer=muon", "+experiment=owt-gpt2-large-20b-adamw"], False),  # known whatever the groups choose
+    (["-m", "train.max_iters=5,10"], False),
+    (["optimizer.lr=1e-3"], True),  # the optimizer chosen decides
+    (["train.max_iter=5"], True),
+    (["train.max_iters.deeper=5"], True),
+])
+def test_the_config_is_composed_only_where_a_key_set_can_be_unknown(monkeypatch, arguments, composes):
+    composed = []
+    real_compose = configs.compose.compose_config
+    monkeypatch.setattr(configs.compose, "compose_config", lambda overrides: composed.append(overrides) or
+                        real_compose(overrides))
+    try:
+        refuse_unknown_config_keys(arguments)
+    except UnknownConfigKey:
+        assert composes
+    assert bool(composed) == composes, composed
 
 
 @pytest.mark.parametrize("group, content, key, nearest", [

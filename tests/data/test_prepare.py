@@ -8,7 +8,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from datasets import load_dataset
 
 import data.prepare
 from data.loader import load_split
@@ -244,7 +243,9 @@ def test_nanogpt_split_is_datasets_train_test_split_of_the_map_style_documents_w
     out = tmp_path / "out"
     manifest = prepare(files_source([jsonl_corpus]), out, split="nanogpt", test_size=NANOGPT_TEST_SIZE,
                        shard_size=3_000, workers=1)
-    # nanoGPT's data/openwebtext/prepare.py on the same documents, loaded map-style.
+    # nanoGPT's data/openwebtext/prepare.py on the same documents, loaded map-style. (datasets is imported here,
+    # not at collection, where every pytest worker would pay its second of import.)
+    from datasets import load_dataset
     documents = load_dataset("json", data_files=str(jsonl_corpus), split="train", cache_dir=str(tmp_path / "hf"))
     parts = documents.train_test_split(test_size=NANOGPT_TEST_SIZE, seed=NANOGPT_SEED, shuffle=True)
     val_ids = list(parts["test"]["id"])

@@ -1,4 +1,5 @@
 """Export to Hugging Face format: the exported GPT2LMHeadModel computes our logits, the tokenizer tiktoken's ids."""
+import importlib
 import json
 import os
 import shutil
@@ -11,13 +12,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported:
 import pytest
 import torch
 from tiktoken.load import load_tiktoken_bpe
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.activations import ACT2FN
 
 from data.embedded import clean_play, play_files
 from data.tokenizer import GPT2_EOT_TOKEN, GPT2_RANKS_FILE, gpt2_encoding
-from evaluation.export_hf import (HF_ACTIVATIONS, LAYER_NORM_EPS, export, gpt2_merges, hf_config, main,
-                                  save_hf)
 from model import GPT, GPTConfig
 from model.gpt import ACTIVATIONS
 from training.checkpoint import load_checkpoint
@@ -45,13 +42,23 @@ TEXTS = [
 ]
 
 
+# Imported by the tests that use them, not at collection: transformers takes seconds to import, which every pytest
+# worker would pay whether or not it runs these tests.
+def export_hf():
+    return importlib.import_module("evaluation.export_hf")
+
+
+def transformers():
+    return importlib.import_module("transformers")
+
+
 def offline_env() -> dict[str, str]:
     """This process's environment (the session's data cache included) with the Hugging Face hub offline."""
     return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 def hf_causal_lm(directory: Path, attn_implementation: str = "sdpa"):
-    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
+    return transformers().AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
                                                 attn_implementation=attn_implementation).eval()
 
 
@@ -69,7 +76,7 @@ def perturbed_gpt(config: GPTConfig, seed: int = 0) -> GPT:
 def exported_random_model(request, tmp_path_factory):
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, **CONFIGS[request.param])
     model = perturbed_gpt(config)
-    return model, save_hf(model, tmp_path_factory.mktemp("export") / "hf")
+    return model, export_hf().save_hf(model, tmp_path_factory.mktemp("export") / "hf")
 
 
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
@@ -112,6 +119,7 @@ def test_exported_model_is_tied_float32_and_keeps_the_padded_vocabulary(exported
 
 
 def test_config_carries_every_option_of_ours():
+    hf_config = export_hf().hf_config
     config = hf_config(GPTConfig(n_layer=3, n_head=4, n_embd=64, block_size=48, vocab_size=50304, dropout=0.125,
                                  scale_attn_by_inverse_layer_idx=True, activation="gelu_tanh"))
     shape = (config.n_layer, config.n_head, config.n_embd, config.n_positions, config.vocab_size)
@@ -121,7 +129,7 @@ def test_config_carries_every_option_of_ours():
     assert config.scale_attn_weights and config.scale_attn_by_inverse_layer_idx
     assert not config.reorder_and_upcast_attn
     assert config.activation_function == "gelu_pytorch_tanh"
-    assert config.layer_norm_epsilon == LAYER_NORM_EPS
+    assert config.layer_norm_epsilon == export_hf().LAYER_NORM_EPS
     assert config.tie_word_embeddings
     assert config.bos_token_id == config.eos_token_id == GPT2_EOT_TOKEN
     assert not hf_config(GPTConfig(n_layer=1, n_head=1, n_embd=8)).scale_attn_by_inverse_layer_idx
@@ -130,7 +138,7 @@ def test_config_carries_every_option_of_ours():
 def test_our_layer_norm_eps_is_the_exported_one():
     layer_norm = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=16)).transformer.ln_f
     x = 1e-3 * torch.randn(4, 8)  # variance ~1e-6, where eps decides the output
-    reference = torch.nn.functional.layer_norm(x, (8,), layer_norm.weight, None, eps=LAYER_NORM_EPS)
+    reference = torch.nn.functional.layer_norm(x, (8,), layer_norm.weight, None, eps=export_hf().LAYER_NORM_EPS)
     torch.testing.assert_close(layer_norm(x), reference, atol=0, rtol=0)
 
 
@@ -138,14 +146,15 @@ def test_our_layer_norm_eps_is_the_exported_one():
 def test_every_activation_maps_to_the_very_same_hf_function(activation):
     x = torch.linspace(-12, 12, 100_001)
     ours = torch.nn.GELU(approximate=ACTIVATIONS[activation])(x)
-    assert torch.equal(ACT2FN[HF_ACTIVATIONS[activation]](x), ours)
+    hf_function = importlib.import_module("transformers.activations").ACT2FN[export_hf().HF_ACTIVATIONS[activation]]
+    assert torch.equal(hf_function(x), ours)
 
 
 def test_an_activation_hf_cannot_express_is_refused(tmp_path):
     model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=16))
     model.config.activation = "relu"  # past GPTConfig's own check: a future option the export does not know
     with pytest.raises(ValueError, match="activation 'relu' has no Hugging Face GPT-2 equivalent"):
-        save_hf(model, tmp_path / "hf")
+        export_hf().save_hf(model, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
 
 
@@ -197,7 +206,7 @@ def test_exported_run_scores_real_text_as_the_checkpoint_does(exported_run):
     model.load_state_dict(state["model"])
     model.eval()
     text = clean_play(next(path for path in play_files() if path.stem == "hamlet").read_text(encoding="utf-8"))
-    tokens = AutoTokenizer.from_pretrained(out)(text[:4000])["input_ids"][: model.config.block_size]
+    tokens = transformers().AutoTokenizer.from_pretrained(out)(text[:4000])["input_ids"][: model.config.block_size]
     assert tokens == gpt2_encoding().encode_ordinary(text[:4000])[: model.config.block_size]
     tokens = torch.tensor([tokens])
     exported = hf_causal_lm(out)
@@ -211,19 +220,19 @@ def test_exported_run_scores_real_text_as_the_checkpoint_does(exported_run):
 @pytest.mark.slow
 def test_export_takes_a_checkpoint_file_too(exported_run, tmp_path):
     _, out, printed = exported_run
-    assert export(Path(printed["checkpoint"]), tmp_path / "hf") == tmp_path / "hf"
+    assert export_hf().export(Path(printed["checkpoint"]), tmp_path / "hf") == tmp_path / "hf"
     from_file = (tmp_path / "hf" / "model.safetensors").read_bytes()
     assert from_file == (out / "model.safetensors").read_bytes()
     assert (tmp_path / "hf" / "training_source.json").read_text() == (out / "training_source.json").read_text()
     renamed = tmp_path / "best.pt"  # a copy kept by hand: no step in its name, so no launches either
     shutil.copyfile(printed["checkpoint"], renamed)
-    source = json.loads((export(renamed, tmp_path / "hf-best") / "training_source.json").read_text())
+    source = json.loads((export_hf().export(renamed, tmp_path / "hf-best") / "training_source.json").read_text())
     assert (source["step"], source["launches"]) == (None, [])
 
 
 @pytest.mark.slow
 def test_tokenizer_gives_tiktokens_ids_and_decodes_back(exported_run):
-    tokenizer = AutoTokenizer.from_pretrained(exported_run[1])
+    tokenizer = transformers().AutoTokenizer.from_pretrained(exported_run[1])
     encoding = gpt2_encoding()
     for text in TEXTS:
         ids = tokenizer(text)["input_ids"]
@@ -236,14 +245,14 @@ def test_tokenizer_gives_tiktokens_ids_and_decodes_back(exported_run):
 
 @pytest.mark.slow
 def test_tokenizer_matches_tiktoken_on_a_whole_play(exported_run):
-    tokenizer = AutoTokenizer.from_pretrained(exported_run[1])
+    tokenizer = transformers().AutoTokenizer.from_pretrained(exported_run[1])
     text = clean_play(next(path for path in play_files() if path.stem == "the-tempest").read_text(encoding="utf-8"))
     assert tokenizer(text)["input_ids"] == gpt2_encoding().encode_ordinary(text)
 
 
 def test_merges_are_gpt2s_in_its_order():
     ranks = load_tiktoken_bpe(str(GPT2_RANKS_FILE))
-    merges = gpt2_merges(ranks)
+    merges = export_hf().gpt2_merges(ranks)
     assert len(merges) == 50_000  # GPT-2's merges.txt: one merge per token past the 256 bytes
     assert merges[:4] == [(b" ", b"t"), (b" ", b"a"), (b"h", b"e"), (b"i", b"n")]
     assert all(ranks[left + right] == rank for rank, (left, right) in enumerate(merges, start=256))
@@ -263,7 +272,7 @@ def test_cli_refuses_a_file_that_is_not_a_checkpoint_in_one_line(tmp_path):
 
 def test_cli_refuses_a_directory_without_checkpoints_in_one_line(tmp_path):
     with pytest.raises(SystemExit) as exit_info:  # a message, not a traceback; Python prints it and exits with 1
-        main(["--checkpoint", str(tmp_path), "--out", str(tmp_path / "hf")])
+        export_hf().main(["--checkpoint", str(tmp_path), "--out", str(tmp_path / "hf")])
     message = exit_info.value.code
     assert isinstance(message, str) and "\n" not in message
     assert message.startswith(f"error: {tmp_path} holds no checkpoint")
@@ -272,22 +281,22 @@ def test_cli_refuses_a_directory_without_checkpoints_in_one_line(tmp_path):
 
 def test_export_says_what_is_wrong_with_a_checkpoint(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        export(tmp_path / "missing", tmp_path / "hf")
+        export_hf().export(tmp_path / "missing", tmp_path / "hf")
     foreign = tmp_path / "foreign.pt"
     torch.save({"weights": torch.zeros(2)}, foreign)
     with pytest.raises(ValueError, match=r"not a checkpoint written by train\.py: it lacks the model's weights"):
-        export(foreign, tmp_path / "hf")
+        export_hf().export(foreign, tmp_path / "hf")
     model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=16))
     mismatched = tmp_path / "mismatched.pt"
     torch.save({"model": model.state_dict(), "config": {"model": {"n_layer": 2, "n_head": 1, "n_embd": 8,
                                                                   "block_size": 4, "vocab_size": 16}}}, mismatched)
     with pytest.raises(ValueError, match="its weights do not fit the GPT of its own config"):
-        export(mismatched, tmp_path / "hf")
+        export_hf().export(mismatched, tmp_path / "hf")
     out_file = tmp_path / "out.txt"
     out_file.write_text("")
     torch.save({"model": model.state_dict(), "config": {"model": vars(model.config)}}, tmp_path / "good.pt")
     with pytest.raises(ValueError, match="is a file"):
-        export(tmp_path / "good.pt", out_file)
+        export_hf().export(tmp_path / "good.pt", out_file)
 
 
 def test_cli_refuses_an_out_directory_that_holds_files_unless_asked_to_overwrite(tmp_path):
@@ -297,9 +306,9 @@ def test_cli_refuses_an_out_directory_that_holds_files_unless_asked_to_overwrite
     out.mkdir()
     (out / "notes.md").write_text("my notes\n")
     with pytest.raises(SystemExit) as exit_info:
-        main(["--checkpoint", str(tmp_path / "good.pt"), "--out", str(out)])
+        export_hf().main(["--checkpoint", str(tmp_path / "good.pt"), "--out", str(out)])
     message = exit_info.value.code
     assert message.startswith(f"error: --out {out} is not empty (it holds notes.md)") and "--overwrite" in message
     assert [path.name for path in out.iterdir()] == ["notes.md"]
-    main(["--checkpoint", str(tmp_path / "good.pt"), "--out", str(out), "--overwrite"])
+    export_hf().main(["--checkpoint", str(tmp_path / "good.pt"), "--out", str(out), "--overwrite"])
     assert (out / "model.safetensors").is_file() and (out / "notes.md").read_text() == "my notes\n"

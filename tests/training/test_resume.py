@@ -43,9 +43,8 @@ def start_and_wait(run_dir, ready, awaited: str, *overrides, launcher=(sys.execu
     """Start train.py into ``run_dir``; its process once ``ready(records of its metrics log)`` holds."""
     Path(run_dir).parent.mkdir(parents=True, exist_ok=True)
     # Output goes to a file: a pipe nobody reads while waiting could fill up and stall the run.
-    output = open(Path(run_dir).parent / f"{Path(run_dir).name}.out", "w+")
-    process = subprocess.Popen([*launcher, *command(run_dir, *overrides)[1:]], cwd=REPO, stdout=output,
-                               stderr=subprocess.STDOUT)
+    output = Path(run_dir).parent / f"{Path(run_dir).name}.out"
+    process = warm_python.start([*launcher, *command(run_dir, *overrides)[1:]], cwd=REPO, stdout=output)
     process.output = output
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -59,8 +58,7 @@ def start_and_wait(run_dir, ready, awaited: str, *overrides, launcher=(sys.execu
 
 
 def read_output(process) -> str:
-    process.output.seek(0)
-    return process.output.read()
+    return process.output.read_text()
 
 
 def train_losses(records):
@@ -281,17 +279,15 @@ def test_a_state_gone_non_finite_is_never_checkpointed(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_in_a_local_sweep_checkpoints_the_running_point_and_starts_no_other(tmp_path):
     sweep = tmp_path / "sweep"
-    output = open(tmp_path / "sweep.out", "w+")
-    process = subprocess.Popen([sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep}", *SMALL,
-                                "optimizer.lr=1e-3,3e-3"], cwd=REPO, stdout=output, stderr=subprocess.STDOUT)
+    process = warm_python.start([sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep}", *SMALL,
+                                 "optimizer.lr=1e-3,3e-3"], cwd=REPO, stdout=tmp_path / "sweep.out")
     deadline = time.monotonic() + 300
     while not any(r.get("step", 0) >= 5 and "train/loss" in r for d in sweep.glob("0_*") for r in read_metrics(d)):
         assert process.poll() is None and time.monotonic() < deadline, "the sweep's first point did not reach step 5"
         time.sleep(0.02)
     process.send_signal(signal.SIGINT)
     returncode = process.wait(timeout=300)
-    output.seek(0)
-    log = output.read()
+    log = (tmp_path / "sweep.out").read_text()
     assert returncode != 0 and "no further point starts" in log and f"bash {sweep}/resume.sh" in log, log
     first, = sweep.glob("0_*")
     _, checkpoint = latest_checkpoint(first, "cpu")

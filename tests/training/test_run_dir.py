@@ -176,10 +176,10 @@ def test_torchrun_ranks_share_the_run_id_directory(monkeypatch):
 
 @pytest.mark.slow
 def test_two_runs_launched_together_without_a_run_dir_write_to_two_directories(tmp_path):
-    launches = [subprocess.Popen([sys.executable, str(REPO / "train.py"), *SMALL], cwd=tmp_path,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    for launch in launches:
-        assert launch.wait(timeout=600) == 0, launch.stderr.read()
+    launches = [warm_python.start([sys.executable, str(REPO / "train.py"), *SMALL], cwd=tmp_path,
+                                  stdout=os.devnull, stderr=tmp_path / f"{i}.err") for i in range(2)]
+    for i, launch in enumerate(launches):
+        assert launch.wait(timeout=600) == 0, (tmp_path / f"{i}.err").read_text()
     run_dirs = sorted(path.parent for path in tmp_path.glob("outputs/*/*/metrics.jsonl"))
     assert len(run_dirs) == 2
     for run_dir in run_dirs:  # each its own run: one evaluation at 0 and one at 4, not interleaved

@@ -134,9 +134,9 @@ def test_a_run_ends_with_a_summary_naming_its_losses_checkpoint_and_the_commands
 def start_sweep_until_point_trains(sweep_dir: Path, index: int, overrides: list[str]):
     """Launch the sweep into ``sweep_dir`` in the background; (its process, the file its output goes to) once its
     point ``index`` has trained a step."""
-    output = open(sweep_dir / "sweep.out", "w+")
-    process = subprocess.Popen([sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep_dir}", *TINY, *overrides],
-                               cwd=REPO, stdout=output, stderr=subprocess.STDOUT)
+    output = sweep_dir / "sweep.out"
+    process = warm_python.start([sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep_dir}", *TINY, *overrides],
+                                cwd=REPO, stdout=output)
     deadline = time.monotonic() + 300
     while not any(last_step(run_dir) >= 1 for run_dir in sweep_dir.glob(f"{index}_*")):
         assert process.poll() is None and time.monotonic() < deadline, f"the sweep's point {index} did not train"
@@ -187,8 +187,7 @@ def test_an_interrupted_sweep_starts_no_other_point_and_resumes_in_place_with_it
     checkpoint_time = {path: path.stat().st_mtime_ns for path in first.glob("checkpoints/*.pt")}
     first_log = (first / "metrics.jsonl").read_text()
     # The sweep stopped after the interrupted point: the next one is neither announced nor given a directory.
-    output.seek(0)
-    log = output.read()
+    log = output.read_text()
     assert last_step(first) == 6 and point_names(tmp_path) == [first.name, point(tmp_path, 1).name], log
     assert [int(index) for index in re.findall(r"\t#(\d+) : ", log)] == [0, 1], log  # Hydra's announcements
     resume = f"bash {tmp_path}/resume.sh"
@@ -467,8 +466,7 @@ def test_a_sweep_resumed_while_its_first_launch_is_suspended_skips_what_that_lau
     assert "has no checkpoint yet" not in second.stdout + second.stderr
     resumed_files = files(started)
     assert first.wait(timeout=600) == 0
-    output.seek(0)
-    first_output = output.read()
+    first_output = output.read_text()
     assert f"skipped {started}: it finished already, at step 4" in first_output, first_output
     assert "failed" not in first_output and files(started) == resumed_files  # the finished point left as it was
     for run_dir in (held, started):
@@ -482,10 +480,11 @@ def test_a_sweep_launched_twice_at_once_into_one_directory_trains_each_point_onc
     # A job submitted twice: whichever launch reaches a point second finds it held, or finished, and skips it.
     command = [sys.executable, "train.py", "-m", f"hydra.sweep.dir={tmp_path}", *TINY, "train.max_iters=4",
                "train.eval_interval=2", "optimizer.lr=1e-3,2e-3,3e-3"]
-    launches = [subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for _ in range(2)]
-    outputs = [launch.communicate(timeout=600) for launch in launches]
-    assert [launch.returncode for launch in launches] == [0, 0], outputs
+    launches = [warm_python.start(command, cwd=REPO, stdout=tmp_path / f"{i}.out", stderr=tmp_path / f"{i}.err")
+                for i in range(2)]
+    returncodes = [launch.wait(timeout=600) for launch in launches]
+    outputs = [((tmp_path / f"{i}.out").read_text(), (tmp_path / f"{i}.err").read_text()) for i in range(2)]
+    assert returncodes == [0, 0], outputs
     skipped = [line for stdout, _ in outputs for line in stdout.splitlines() if "skipped " in line]
     assert len(skipped) == 3, outputs  # each point trained by one launch, skipped by the other
     for index in range(3):
