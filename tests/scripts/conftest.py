@@ -1,15 +1,23 @@
 """Run directories in train.py's format (metrics.jsonl, .hydra/config.yaml) for the table and plot scripts."""
+import functools
 import json
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from configs.compose import register_configs
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 register_configs()
+
+
+@functools.cache  # composing takes a fifth of a second; many runs of the tests share their overrides
+def composed_config(overrides: tuple[str, ...]) -> DictConfig:
+    """The config train.py saves for these overrides (read only: the cache hands the same one to every run)."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name="config", overrides=list(overrides))
 
 
 def write_run(run_dir: Path, overrides: list[str], val_losses: list[float], tokens_per_step: int,
@@ -20,8 +28,7 @@ def write_run(run_dir: Path, overrides: list[str], val_losses: list[float], toke
     records are logged at every evaluation step, as train.py does when eval_interval is a multiple of
     log_interval; ``step_ms`` is the mean step time of each window.
     """
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = compose(config_name="config", overrides=overrides)
+    cfg = composed_config(tuple(overrides))
     if eval_steps is None:
         every = cfg.train.max_iters // (len(val_losses) - 1)
         eval_steps = [i * every for i in range(len(val_losses))]
