@@ -184,25 +184,25 @@ class Zygote:
         with tempfile.TemporaryDirectory() as folder:
             ranks = [{"argv": argv, "env": env, "stdout": f"{folder}/stdout{i}", "stderr": f"{folder}/stderr{i}"}
                      for i, (argv, env) in enumerate(zip(argvs, envs, strict=True))]
-            request = {"cwd": str(cwd), "timeout": timeout, "ranks": ranks, "end_on_failure": end_on_failure}
-            self.channel.sendall((json.dumps(request) + "\n").encode())
-            reply = self.replies.readline()
-            if not reply:
-                raise RuntimeError(f"the warm Python (pid {self.process.pid}) ended: exit status {self.process.wait()}")
+            reply = self.ask({"cwd": str(cwd), "timeout": timeout, "ranks": ranks, "end_on_failure": end_on_failure})
             return [(None if status == "timeout" else status, Path(rank["stdout"]).read_text(errors="replace"),
                      Path(rank["stderr"]).read_text(errors="replace"))
-                    for status, rank in zip(json.loads(reply)["returncodes"], ranks)]
+                    for status, rank in zip(reply["returncodes"], ranks)]
 
     def start(self, args: list[str], cwd: Path, env: dict, stdout: Path, stderr: Path | None) -> "Started":
         """``args`` (``python SCRIPT ...``) started, not waited for: stdout to the file ``stdout``, stderr to
         ``stderr`` or into stdout's file."""
         status = Path(tempfile.mkdtemp(prefix="warm-python-")) / "status"
         rank = {"argv": args[1:], "env": env, "stdout": str(stdout), "stderr": None if stderr is None else str(stderr)}
-        self.channel.sendall((json.dumps({"cwd": str(cwd), "status": str(status), "ranks": [rank]}) + "\n").encode())
+        return Started(args, self.ask({"cwd": str(cwd), "status": str(status), "ranks": [rank]})["pid"], status)
+
+    def ask(self, request: dict) -> dict:
+        """The zygote's reply to ``request``."""
+        self.channel.sendall((json.dumps(request) + "\n").encode())
         reply = self.replies.readline()
         if not reply:
             raise RuntimeError(f"the warm Python (pid {self.process.pid}) ended: exit status {self.process.wait()}")
-        return Started(args, json.loads(reply)["pid"], status)
+        return json.loads(reply)
 
     def close(self):
         self.replies.close()
