@@ -10,8 +10,19 @@ import pytest
 from tests import warm_python
 
 SCRIPT = textwrap.dedent("""
-    import atexit, os, sys
+    import atexit, os, sys, threading, time
     atexit.register(lambda: print("atexit ran", flush=True))
+
+    class TornDown:  # its finalizer runs when the shutdown tears the script's module down, after atexit
+        def __del__(self):
+            print("torn down")
+
+    kept = TornDown()
+    left_open = open("left_open.txt", "w")  # written, never closed: the shutdown's teardown flushes it
+    left_open.write("written, never closed")
+    # Not a daemon: the shutdown waits for it, before atexit.
+    thread = threading.Thread(target=lambda: (time.sleep(0.3), print("thread ended")))
+    thread.start()
     print("argv", sys.argv, "cwd", os.getcwd(), "path0", sys.path[0], "stdin", repr(sys.stdin.read()))
     print("env", os.environ.get("WARM_TEST"), "torch imported", "torch" in sys.modules, file=sys.stderr)
     print("unflushed at the end")  # a pipe's stdout is block-buffered: the shutdown flushes it
@@ -22,7 +33,7 @@ SCRIPT = textwrap.dedent("""
     if sys.argv[1] == "status":
         sys.exit(3)
     if sys.argv[1] in ("sleep", "wait"):
-        import time
+        thread.join()  # a signal the test sends must reach the main thread's sleep, not this thread
         print("waiting", flush=True)
         time.sleep(60)
 """)
@@ -42,7 +53,10 @@ def test_a_forked_launch_ends_as_a_fresh_python_does(tmp_path, script, monkeypat
     monkeypatch.setenv("WARM_TEST", "from the caller")
     args = [sys.executable, *launch.split(), ending]
     fresh = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert (tmp_path / "left_open.txt").read_text() == "written, never closed"
+    (tmp_path / "left_open.txt").unlink()
     forked = warm_python.run(args, cwd=tmp_path, timeout=60)
+    assert (tmp_path / "left_open.txt").read_text() == "written, never closed"
     assert warm_python.forkable(args, None)
     # Only the preloaded modules differ (the fork has torch imported before the script runs), and `python -m`'s
     # traceback starts in runpy's frozen frames.
@@ -50,6 +64,7 @@ def test_a_forked_launch_ends_as_a_fresh_python_does(tmp_path, script, monkeypat
         line for line in fresh.stderr.splitlines(keepends=True) if not line.startswith('  File "<frozen runpy>"'))
     assert (forked.returncode, forked.stdout) == (fresh.returncode, fresh.stdout)
     assert "unflushed at the end" in fresh.stdout and "atexit ran" in fresh.stdout
+    assert fresh.stdout.endswith("thread ended\natexit ran\ntorn down\n")
     assert f"path0 {script.parent if launch.endswith('.py') else tmp_path}" in fresh.stdout
     assert "stdin ''" in fresh.stdout
 
