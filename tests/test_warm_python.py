@@ -34,6 +34,10 @@ SCRIPT = textwrap.dedent("""
         sys.exit(3)
     if sys.argv[1] in ("sleep", "wait"):
         thread.join()  # a signal the test sends must reach the main thread's sleep, not this thread
+        # Ctrl-C raises KeyboardInterrupt even where the shell that started the tests left SIGINT ignored (a
+        # background job's), which Python would keep.
+        import signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         print("waiting", flush=True)
         time.sleep(60)
 """)
