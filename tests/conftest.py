@@ -4,6 +4,7 @@ Triton reads TRITON_INTERPRET when a kernel is defined, i.e. when the module def
 set here, before any test module imports one. With a CUDA device the kernels compile and run on the GPU.
 """
 import fcntl
+import gc
 import os
 
 # The tests' models are tiny: one thread trains them faster than several and uses less CPU, which leaves the
@@ -12,6 +13,8 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
+
+gc.freeze()  # torch's objects live as long as the worker: frozen, no collection walks them again
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -40,3 +43,11 @@ def pytest_collection_modifyitems(items):
     """Slow tests first (in their order): the long runs start early and short tests are left to even out when the
     pytest-xdist workers finish."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_collection_finish(session):
+    """What collection imported and built (torch, the test modules, the items) lives as long as the worker: frozen,
+    it is no longer walked by each full collection of the tests' garbage (6 of a fast-tier worker's 7 s in the
+    collector, measured)."""
+    gc.collect()
+    gc.freeze()
