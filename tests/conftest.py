@@ -51,3 +51,9 @@ def pytest_collection_finish(session):
     collector, measured)."""
     gc.collect()
     gc.freeze()
+
+
+def pytest_unconfigure(config):
+    """Unfrozen for the worker's exit, so that its shutdown frees them: nanobind (Triton's bindings) reports on
+    stderr, as leaked, every object of its types still alive at exit."""
+    gc.unfreeze()

@@ -559,8 +559,9 @@ def test_every_learning_rate_of_a_group_follows_torchs_schedulers_in_proportion(
             param.grad, copied.grad = grad, grad.clone()
         expected = updates(at_first_lr, at_first_lr_params)
         factor = optimizer.param_groups[0]["lr"] / first_lr
+        moves = step >= cls.STATE_ONLY_STEPS  # (ADOPT's first step only sets its state)
         for update, unscaled in zip(updates(optimizer, params), expected):
-            assert unscaled.abs().max() > 0
+            assert bool(unscaled.abs().max() > 0) == moves
             if factor == 0.0:
                 assert torch.equal(update, torch.zeros_like(update))
             else:
