@@ -33,7 +33,7 @@ from training.eval_weights import evaluation_weights
 from training.finished import finished_step, keep_finished_checkpoints, nothing_left_to_train
 from training.hellaswag import training_items
 from training.metrics import MetricsLogger, StepWindow, default_run_name, read_metrics
-from training.optimizers import build_optimizer, local_optimizer, state_bytes
+from training.optimizers import build_optimizer, import_zero_before_the_process_group, local_optimizer, state_bytes
 from training.preemption import PreemptionSignal, refuse_if_terminated
 from training.provenance import code_on_every_rank, launch_record
 from training.resume import Resumed, resume_run
@@ -65,6 +65,8 @@ def train(cfg: DictConfig, run_dir: Path, progress: Progress) -> None:
     validate(cfg)
     take_data_dir_as_custom(cfg.data)
     t = cfg.train
+    if t.zero1:
+        import_zero_before_the_process_group()
     with (distributed_session(resolve_device(t.device), t.distributed_timeout_s) as ctx,
           locked_run_directory(run_dir, t.resume, t.overwrite, ctx) as lock, PreemptionSignal() as preemption):
         train_loop(cfg, run_dir, ctx, preemption, lock, progress)

@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from configs.compose import CONFIG_DIR, compose_config
 from model import GPT, GPTConfig
 from training.distributed import distributed_session
-from training.optimizers import build_optimizer
+from training.optimizers import build_optimizer, import_zero_before_the_process_group
 
 # float32 Newton-Schulz and updates: in bfloat16, orthogonalising the same matrices on other ranks or in other
 # batches changes the rounding, and the iteration amplifies it (see tests/mars/test_optimizer.py).
@@ -92,6 +92,7 @@ def failed_checks(name: str) -> list[str]:
 
 def main() -> int:
     names = sys.argv[1:] or sorted(path.stem for path in Path(CONFIG_DIR, "optimizer").glob("*.yaml"))
+    import_zero_before_the_process_group()  # as train.py does for ZeRO-1
     with distributed_session(torch.device("cpu")) as ctx:  # each config in turn
         failures = []
         for name in names:
