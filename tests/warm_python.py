@@ -183,23 +183,26 @@ def tear_down_what_the_launch_imported():
 # their finalizers run and the files they left open are flushed), and end on SIGINT's default action after an
 # uncaught KeyboardInterrupt. The preloaded modules are not torn down: in this copy of the zygote that would only
 # free memory, and it took most of a launch's exit (0.4 of 0.5 s of CPU, measured).
+def flush_std_streams() -> bool:
+    flushed = True
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            flushed = False
+    return flushed
+
+
 def end(status: int, interrupted: bool):
     import atexit, ctypes, threading
     threading._shutdown()
     atexit._run_exitfuncs()
     atexit._clear()  # as the shutdown drops the callbacks, and with them what they hold
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            status = 120
+    if not flush_std_streams():
+        status = 120
     tear_down_what_the_launch_imported()
     gc.collect()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
+    flush_std_streams()
     ctypes.CDLL(None).fflush(None)  # C's buffered output, as exit() flushes it
     if interrupted:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -227,8 +230,7 @@ class Zygote:
     def __init__(self):
         ours, theirs = socket.socketpair()
         self.process = subprocess.Popen([sys.executable, "-c", ZYGOTE, str(theirs.fileno()), ",".join(PRELOADED)],
-                                        pass_fds=[theirs.fileno()],
-                                        stdin=subprocess.DEVNULL)
+                                        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
         theirs.close()
         self.channel, self.replies = ours, ours.makefile("r")
 
