@@ -279,7 +279,9 @@ def accumulate_gradients(model, batches: TokenBatches, step: int, grad_accum_ste
     ranks' gradients), whatever the split into ranks and micro-batches. Under DDP the gradients are all-reduced
     once, on the last micro-batch (``no_sync`` before it).
     """
-    total = torch.zeros((), device=batches.device)
+    # float64: the sum of a few float32 losses is exact there, so it is the same whatever the split into ranks and
+    # micro-batches (the ranks' means are summed in float64 too: read_step_scalars).
+    total = torch.zeros((), dtype=torch.float64, device=batches.device)
     for micro_step in range(grad_accum_steps):
         x, y = batches.batch(step, micro_step)
         last = micro_step == grad_accum_steps - 1
@@ -288,8 +290,8 @@ def accumulate_gradients(model, batches: TokenBatches, step: int, grad_accum_ste
             with autocast:
                 _, loss = model(x, y)
             (loss * (grad_multiplier / grad_accum_steps)).backward()
-        total += loss.detach()
-    return total.double() / grad_accum_steps
+        total += loss.detach().double()
+    return total / grad_accum_steps
 
 
 def clip_gradients(model, max_norm: float) -> torch.Tensor:

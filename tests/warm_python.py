@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 PRELOADED = ("torch", "numpy", "hydra", "omegaconf", "sympy", "torch._dynamo")
-ENV_READ_AT_IMPORT = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES",
-                      "TORCH_COMPILE_DISABLE", "PYTHONHASHSEED")
+ENV_READ_AT_IMPORT = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "ATEN_CPU_CAPABILITY", "TRITON_INTERPRET",
+                      "CUDA_VISIBLE_DEVICES", "TORCH_COMPILE_DISABLE", "PYTHONHASHSEED")
 
 # torchrun's workers read the agent's command line from /proc (training.elastic): a forked agent's is the zygote's.
 NOT_FORKED_MODULES = ("torch.distributed.run",)

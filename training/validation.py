@@ -40,13 +40,14 @@ def estimate_val_loss(model, batches: TokenBatches, eval_iters: int, autocast, c
     on the number of processes.
     """
     model.eval()
-    total = torch.zeros((), device=batches.device)
+    # float64, as the sum across ranks: exact for a few float32 losses, so the same whatever the number of ranks.
+    total = torch.zeros((), dtype=torch.float64, device=batches.device)
     local_batches = range(math.ceil((eval_iters - ctx.rank) / ctx.world_size))
     for k in local_batches:
         x, y = batches.batch(step=window_step, micro_step=k)
         with memory.micro_batch(batches.batch_size, batches.block_size, batches.device), autocast:
             _, loss = model(x, y)
-        total += loss.float()
+        total += loss.double()
     model.train()
     met_bad_ids = float(batches.bad_token_position is not None)
     loss_sum, ranks_with_bad_ids = sums_across_ranks([total.item(), met_bad_ids], ctx)
