@@ -18,8 +18,17 @@ __all__ = ["MARS", "MarsM", "MarsMEfficient", "Moonlight", "Muon", "available_ba
 def __getattr__(name: str) -> type[torch.optim.Optimizer]:
     # PEP 562: called for a name this module does not define. Its modules are imported in turn until one defines
     # an optimizer class of that name, without importing the others (the Triton backend) before they are needed.
+    # A module that cannot be imported here (the Triton backend without Triton) defines nothing to find: the name
+    # is missing (AttributeError, so that hasattr and ``from mars import <submodule>`` work), and the message says
+    # which modules were not searched.
+    unimportable = []
     for module in pkgutil.iter_modules(__path__):
-        found = getattr(importlib.import_module(f"{__name__}.{module.name}"), name, None)
+        try:
+            found = getattr(importlib.import_module(f"{__name__}.{module.name}"), name, None)
+        except ImportError as error:
+            unimportable.append(f"{__name__}.{module.name} ({error})")
+            continue
         if isinstance(found, type) and issubclass(found, torch.optim.Optimizer) and not name.startswith("_"):
             return found
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    not_searched = f"; not searched, as they cannot be imported here: {', '.join(unimportable)}" if unimportable else ""
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}{not_searched}")

@@ -257,6 +257,11 @@ def refuse_missing_options(optimizer: torch.optim.Optimizer, state_dict: dict[st
                 )
 
 
+def raise_sparse_gradient(optimizer: torch.optim.Optimizer) -> None:
+    raise RuntimeError(f"{type(optimizer).__name__} does not support sparse gradients; use dense gradients "
+                       "(e.g. torch.nn.Embedding(sparse=False))")
+
+
 _GRAD = operator.attrgetter("grad")
 _IS_SPARSE = operator.attrgetter("is_sparse")
 _LAYOUT = operator.attrgetter("device", "dtype", "ndim")
@@ -325,11 +330,12 @@ class DispatchingOptimizer(torch.optim.Optimizer):
     def __init__(self, params, defaults: dict[str, Any], **options: Any):
         if options.get("foreach") is not None:
             check_flags(foreach=options["foreach"])
-        # Before params is read, as torch's Adam: a bad lr is named whatever params is.
+        # Before params is read, as torch's Adam: a bad hyperparameter is named whatever params is.
         check_learning_rates(defaults, self.LEARNING_RATES)
         # Set first: add_param_group compares a group's options with them.
         for key, value in options.items():
             setattr(self, key, value)
+        self._check_group(dict(defaults))
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -387,22 +393,34 @@ class DispatchingOptimizer(torch.optim.Optimizer):
         """The :class:`GroupPlan` of the group at ``index``: the kept one while its key holds, else a new one. Raises
         on a sparse gradient."""
         params = group["params"]
+        if torch.compiler.is_compiling():
+            # Traced, a kept plan would be read (ids, dicts of lists) as constants of the graph that dynamo's guards
+            # do not check, and writes to it happen at trace time only: the lists are built afresh, kept nowhere
+            # (in plain comprehensions, which dynamo traces where it cannot trace attrgetter).
+            has_grad = tuple(param.grad is not None for param in params)
+            if any(param.grad.is_sparse for param in itertools.compress(params, has_grad)):
+                raise_sparse_gradient(self)
+            return GroupPlan((), self.state, tuple(params), self._lists_by_rule(params, has_grad, group))
         grads = list(map(_GRAD, params))
         has_grad = tuple(map(operator.is_not, grads, itertools.repeat(None)))
         if any(map(_IS_SPARSE, itertools.compress(grads, has_grad))):
-            raise RuntimeError(f"{type(self).__name__} does not support sparse gradients; use dense gradients "
-                               "(e.g. torch.nn.Embedding(sparse=False))")
+            raise_sparse_gradient(self)
         key = (tuple(map(id, params)), has_grad, tuple(map(_LAYOUT, params)),
                tuple(group[name] for name in self.RULE_KEYS), len(self.state))
         plans = self.__dict__.setdefault("_group_plans", {})
         plan = plans.get(index)
         if plan is None or plan.state is not self.state or plan.key != key:
-            by_rule: dict[str, list[Tensor]] = {rule: [] for rule in self.RULES}
-            for param in itertools.compress(params, has_grad):
-                by_rule[self._rule(param, group)].append(param)
-            plan = plans[index] = GroupPlan(key, self.state, tuple(params), by_rule)
+            plan = plans[index] = GroupPlan(key, self.state, tuple(params), self._lists_by_rule(params, has_grad, group))
             self._forget_planned()  # what was derived from the old lists
         return plan
+
+    def _lists_by_rule(self, params: list[Tensor], has_grad: tuple[bool, ...],
+                       group: dict[str, Any]) -> dict[str, list[Tensor]]:
+        """The tensors of ``params`` that have a gradient, listed by the rule each takes."""
+        by_rule: dict[str, list[Tensor]] = {rule: [] for rule in self.RULES}
+        for param in itertools.compress(params, has_grad):
+            by_rule[self._rule(param, group)].append(param)
+        return by_rule
 
     def _planned(self, kind: Hashable, params: list[Tensor], build: Callable[[list[Tensor]], Any]) -> Any:
         """``build(params)``, kept (under ``kind``) while ``params`` is one of the kept plans' lists, or a list kept
@@ -415,7 +433,10 @@ class DispatchingOptimizer(torch.optim.Optimizer):
         return planned[kind, id(params)]
 
     def _is_planned(self, params: list[Tensor]) -> bool:
-        """Whether ``params`` is one of the kept plans' lists, or a list kept with them."""
+        """Whether ``params`` is one of the kept plans' lists, or a list kept with them (never while traced: no plan
+        is kept then)."""
+        if torch.compiler.is_compiling():
+            return False
         planned = self.__dict__.get("_planned_results")
         if planned is None:
             plans = self.__dict__.get("_group_plans", {}).values()

@@ -424,6 +424,9 @@ def _launch(
     )
 
 
+# Run eagerly inside a compiled step (a graph break): the launch reads the tensors' data pointers into its tables,
+# which traced (fake) tensors do not have.
+@torch.compiler.disable
 def _fused_step(
     params: list[Tensor],
     grads: list[Tensor],

@@ -3,6 +3,7 @@
     python -m scripts.bench_optimizer --device cpu --reps 7 --model-size small      (from the repository root)
     python -m scripts.bench_optimizer --triton-host-overhead --reps 200             (MARS.step vs its kernels)
     python -m scripts.bench_optimizer --host-time --reps 200                         (every optimizer's host work)
+    python -m scripts.bench_optimizer --compiled --device cpu --model-size small    (eager beside compiled steps)
 
 Every optimizer steps the same parameters and the same (random, never zero) gradients. Steps are interleaved
 across optimizers so that drifts in machine load hit them all alike, and each gets warm-up steps first (state
@@ -18,6 +19,10 @@ no-ops (``TRITON_INTERPRET=1`` imports the backend), so the table is the host's 
 with new gradient tensors (as ``zero_grad()`` and a backward pass leave them), and steps whose backend has
 forgotten its checked calls (the input checks and launch groups redone every step, as before they were cached).
 Writes ``results/bench_optimizer_overhead_<device>.{md,json}``.
+
+``--compiled`` times each optimizer's eager step beside its step compiled by ``torch.compile(optimizer.step)``
+(inductor, default mode), torch's foreach AdamW among them: every timed step of a compiled one, after the warm-up
+steps, includes what dynamo recompiles at that step. Writes ``results/bench_optimizer_compiled_<device>.{md,json}``.
 
 ``--host-time`` times every optimizer of the package (and torch's foreach AdamW) on the CPU over GPT-2's parameter
 list with every dimension shrunk (to 8, 16, ...): as many tensors, shapes and shape groups, and next to no arithmetic, so
@@ -79,6 +84,25 @@ def candidates(params: list[torch.nn.Parameter], device: torch.device) -> dict[s
     return optimizers
 
 
+COMPILED = ", compiled step"
+
+
+def compiled_candidates(params: list[torch.nn.Parameter]) -> dict[str, Callable[[], None]]:
+    """Each optimizer's eager step and its step compiled by ``torch.compile`` (inductor), by table label; all share
+    ``params``. torch's foreach AdamW is the baseline, as in the other tables."""
+    optimizers = {
+        "MARS-AdamW (torch)": lambda: MARS(params, lr=3e-3, weight_decay=0.1, backend="torch"),
+        "MARS-Lion (torch)": lambda: MARS(params, lr=3e-4, mars_type="mars-lion", backend="torch"),
+        "Muon": lambda: Muon(params, ns_dtype=torch.float32),
+        BASELINE: lambda: torch.optim.AdamW(params, lr=6e-4, weight_decay=0.1, foreach=True),
+    }
+    steps = {}
+    for label, build in optimizers.items():
+        steps[label] = step_of(build())
+        steps[label + COMPILED] = torch.compile(step_of(build()))
+    return steps
+
+
 def make_timer(device: torch.device) -> Callable[[Callable[[], None]], float]:
     """A function that runs a callable once and returns its duration in milliseconds."""
     if device.type == "cuda":
@@ -112,17 +136,19 @@ def run(device: torch.device, model_size: str, reps: int, warmup: int) -> dict[s
     return interleaved_times(optimizers, make_timer(device), reps, warmup)
 
 
-def interleaved_times(optimizers: dict[str, torch.optim.Optimizer], timer: Callable[[Callable[[], None]], float],
-                      reps: int, warmup: int) -> dict[str, list[float]]:
-    """``timer`` of each optimizer's step, ``reps`` rounds after ``warmup``, one step of each in turn: a machine's
-    slow spell falls on every optimizer alike."""
+def interleaved_times(optimizers: dict[str, torch.optim.Optimizer | Callable[[], None]],
+                      timer: Callable[[Callable[[], None]], float], reps: int, warmup: int) -> dict[str, list[float]]:
+    """``timer`` of each optimizer's step (or of each step function), ``reps`` rounds after ``warmup``, one step of
+    each in turn: a machine's slow spell falls on every optimizer alike."""
+    steps = {label: step_of(each) if isinstance(each, torch.optim.Optimizer) else each
+             for label, each in optimizers.items()}
     for _ in range(warmup):
-        for optimizer in optimizers.values():
-            timer(step_of(optimizer))
-    times = {label: [] for label in optimizers}
+        for step in steps.values():
+            timer(step)
+    times = {label: [] for label in steps}
     for _ in range(reps):
-        for label, optimizer in optimizers.items():
-            times[label].append(timer(step_of(optimizer)))
+        for label, step in steps.items():
+            times[label].append(timer(step))
     return times
 
 
@@ -315,10 +341,12 @@ def main() -> None:
     parser.add_argument("--host-time", action="store_true",
                         help="time every optimizer's step on the CPU on GPT-2's parameter list shrunk: its host "
                              "work (see above)")
+    parser.add_argument("--compiled", action="store_true",
+                        help="time each optimizer's eager step beside its torch.compile'd step instead (see above)")
     parser.add_argument("--output-dir", type=Path, default=Path("results"))
     args = parser.parse_args()
-    if args.host_time and args.triton_host_overhead:
-        parser.error("--host-time and --triton-host-overhead are two benches: give one")
+    if args.host_time + args.triton_host_overhead + args.compiled > 1:
+        parser.error("--host-time, --triton-host-overhead and --compiled are three benches: give one")
     if args.reps < 1:
         parser.error("--reps must be >= 1")
 
@@ -345,6 +373,14 @@ def main() -> None:
             ratios = {}  # to no-op kernels: meaningless
         else:
             ratios = {"ratio_vs_kernels_alone": ratios_to(times, KERNELS)}
+    elif args.compiled:
+        torch.manual_seed(0)
+        steps = compiled_candidates(make_params(gpt2_shapes(args.model_size), device))
+        times = interleaved_times(steps, make_timer(device), args.reps, args.warmup)
+        stem, table = f"bench_optimizer_compiled_{device.type}", markdown_table(times)
+        title = f"One optimizer step, eager and compiled (torch.compile of the step, inductor), GPT-2 {args.model_size}"
+        versions = {}
+        ratios = {"ratio_vs_adamw_foreach": ratios_to(times, BASELINE)}
     else:
         times = run(device, args.model_size, args.reps, args.warmup)
         stem, table = f"bench_optimizer_{device.type}", markdown_table(times)

@@ -11,6 +11,15 @@ import os
 # other cores to pytest-xdist's other workers. Set before torch is imported, so this process and every subprocess
 # use it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# inductor's caches do not key their C++ on the kernels ATEN_CPU_CAPABILITY selects: code generated with vector
+# intrinsics under one capability fails to compile against another's headers (`at::vec` has not been declared).
+# A cache per capability keeps the suite's runs under each (README, Tests) apart.
+if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    import getpass
+    import tempfile
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{os.environ['ATEN_CPU_CAPABILITY']}")
 
 import torch  # noqa: E402
 

@@ -73,11 +73,11 @@ def losses_on(model, tokens, starts_per_batch) -> list[torch.Tensor]:
 
 
 def step_loss(model, tokens, micro_batches) -> float:
-    """A step's training loss as the loop sums it: float32 over the micro-batches, the mean in float64."""
-    total = torch.zeros(())
+    """A step's training loss as the loop sums it: in float64 over the micro-batches, then their mean."""
+    total = torch.zeros((), dtype=torch.float64)
     for loss in losses_on(model, tokens, micro_batches):
-        total += loss
-    return (total.double() / ACCUMULATION).item()
+        total += loss.double()
+    return (total / ACCUMULATION).item()
 
 
 @torch.no_grad()

@@ -358,6 +358,26 @@ def test_a_tensor_for_every_learning_rate_steps_as_the_same_floats(cls, options)
     assert_same_params(params, expected_params)
 
 
+def out_of_range_arguments() -> list:
+    """(class, argument, value) for every float and pair argument of every optimizer of mars: a negative float, a
+    pair whose first beta is above 1."""
+    cases = []
+    for cls in optimizers_of_mars():
+        for name, argument in list(inspect.signature(cls.__init__).parameters.items())[2:]:
+            if isinstance(argument.default, float) and not isinstance(argument.default, bool):
+                cases.append(pytest.param(cls, name, -1.0, id=f"{cls.__name__}-{name}"))
+            elif isinstance(argument.default, tuple) and len(argument.default) == 2:
+                cases.append(pytest.param(cls, name, (1.5, 0.9), id=f"{cls.__name__}-{name}"))
+    return cases
+
+
+@pytest.mark.parametrize("cls, name, value", out_of_range_arguments())
+def test_an_out_of_range_argument_is_named_before_params_is_read(cls, name, value):
+    # As torch's Adam names a bad lr whatever params is: with params=None, torch's own TypeError came first.
+    with pytest.raises(ValueError, match=name):
+        cls(None, **{name: value})
+
+
 @pytest.mark.parametrize("cls, options", OPTIMIZERS)
 def test_a_learning_rate_tensor_of_more_than_one_element_is_refused_naming_it(cls, options):
     for name in learning_rates(cls):

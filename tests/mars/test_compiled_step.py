@@ -1,0 +1,154 @@
+"""A compiled step of every optimizer of mars, with every path, against its eager step, as torch tests its own
+optimizers (``test/inductor/test_compiled_optimizers.py``): ``torch.compile(optimizer.step)``, and a compiled
+function holding forward, backward and step, the recipe of PyTorch's "compiling the optimizer" tutorial.
+
+The matrix of paths runs under dynamo with AOT autograd and no code generation (``aot_eager``): what tracing can
+get wrong (Python-side caches read as constants of a graph, writes made at trace time only, state mutations) shows
+there, at a fraction of inductor's compile time; inductor itself compiles the default paths, in the slow tier.
+"""
+import inspect
+
+import pytest
+import torch
+import torch._dynamo
+
+from mars import reference
+from tests.mars.test_torch_conventions import OPTIMIZERS, clone_params, gradients, new_params
+
+STEPS = 3
+
+
+def compiled_paths(param) -> list:
+    """``param`` (a conventions case: class, options) and the variants of it that step by other code, read from the
+    class's arguments: the exact scheme, Newton-Schulz batched by shape, MARS on the 1-D tensors, each other MARS
+    type."""
+    cls, options = param.values
+    arguments = inspect.signature(cls).parameters
+    variants = [{}]
+    if "is_approx" in arguments:
+        variants.append(dict(is_approx=False))
+    if "ns_batch" in arguments and options.get("backend") != "reference":
+        variants.append(dict(ns_batch=True))
+    if "optimize_1d" in arguments:
+        variants.append(dict(optimize_1d=True))
+    if "mars_type" in arguments and "mars_type" not in options:
+        variants += [dict(mars_type=name) for name in reference.MARS_TYPES if name != "mars-adamw"]
+    return [pytest.param(cls, {**options, **variant}, marks=param.marks,
+                         id="-".join([param.id, *(f"{key}={value}" for key, value in variant.items())]))
+            for variant in variants]
+
+
+CASES = [path for param in OPTIMIZERS for path in compiled_paths(param)]
+
+
+def feed_gradients(optimizer, param_lists, step):
+    """Give every list of parameters the same gradients of ``step``; in the exact scheme first the look-ahead
+    gradients (another step's), stashed eagerly as the optimizer's docstring loop does."""
+    if getattr(optimizer[0], "needs_lookahead_grad", False):
+        for params in param_lists:
+            for param, grad in zip(params, gradients(params, step + 100)):
+                param.grad = grad
+        for each in optimizer:
+            each.stash_lookahead_grad()
+    for params in param_lists:
+        for param, grad in zip(params, gradients(params, step)):
+            param.grad = grad
+
+
+def assert_same_state(actual, expected):
+    """The same state entries; tensors within float32 rounding (assert_close's defaults), others equal."""
+    assert actual["state"].keys() == expected["state"].keys()
+    for index, state in expected["state"].items():
+        assert actual["state"][index].keys() == state.keys(), index
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                torch.testing.assert_close(actual["state"][index][key], value, msg=f"state {index} {key}")
+            else:
+                assert actual["state"][index][key] == value, (index, key)
+
+
+@pytest.mark.parametrize("cls, options", CASES)
+def test_a_compiled_step_gives_the_eager_steps_parameters_and_state(cls, options):
+    eager_params = new_params()
+    compiled_params = clone_params(eager_params)
+    eager, compiled = cls(eager_params, **options), cls(compiled_params, **options)
+    torch._dynamo.reset()
+    step = torch.compile(compiled.step, backend="aot_eager")
+    start = clone_params(eager_params)
+    for index in range(STEPS):
+        feed_gradients((eager, compiled), (eager_params, compiled_params), index)
+        eager.step()
+        step()
+        for number, (actual, expected) in enumerate(zip(compiled_params, eager_params)):
+            torch.testing.assert_close(actual, expected, msg=f"parameter {number} after step {index + 1}")
+        assert_same_state(compiled.state_dict(), eager.state_dict())
+    # Every tensor moved (a compiled step that left the 1-D tensors alone once passed an eager one that did too).
+    assert all(not torch.equal(before, after) for before, after in zip(start, compiled_params))
+
+
+class SmallModel(torch.nn.Module):
+    """A matrix, a LayerNorm and biases: every rule of every optimizer steps something."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = torch.nn.Linear(6, 8)
+        self.norm = torch.nn.LayerNorm(8)
+        self.out = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.norm(self.hidden(x))))
+
+
+def train_iterations(optimizer, model, iterations, compile_backend=None):
+    """``iterations`` of forward, backward and step on seeded batches, the whole iteration compiled with
+    ``compile_backend`` (None: eager)."""
+    def iteration(x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    run = iteration if compile_backend is None else torch.compile(iteration, backend=compile_backend)
+    generator = torch.Generator().manual_seed(0)
+    return [run(torch.randn(4, 6, generator=generator), torch.randn(4, 3, generator=generator)).item()
+            for _ in range(iterations)]
+
+
+@pytest.mark.parametrize("cls, options", [case for case in OPTIMIZERS if not case.values[1]])
+def test_a_compiled_forward_backward_and_step_trains_as_eagerly(cls, options):
+    torch.manual_seed(0)
+    eager_model = SmallModel()
+    compiled_model = SmallModel()
+    compiled_model.load_state_dict(eager_model.state_dict())
+    eager, compiled = cls(eager_model.parameters()), cls(compiled_model.parameters())
+    torch._dynamo.reset()
+    eager_losses = train_iterations(eager, eager_model, 4)
+    compiled_losses = train_iterations(compiled, compiled_model, 4, compile_backend="aot_eager")
+    torch.testing.assert_close(compiled_losses, eager_losses)
+    for name, tensor in eager_model.state_dict().items():
+        torch.testing.assert_close(compiled_model.state_dict()[name], tensor, msg=name)
+    assert_same_state(compiled.state_dict(), eager.state_dict())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls, options", [case for case in OPTIMIZERS if not case.values[1]])
+def test_an_inductor_compiled_step_gives_the_eager_steps_parameters(cls, options):
+    # inductor generates and compiles C++ for the step: the default path of each optimizer, a few steps, with
+    # Newton-Schulz and Muon's updates in float32. In bfloat16 the compiled step is not the eager one: inductor's
+    # fused kernels round to bfloat16 once where eager rounds every op's result (a cast to bfloat16 and back is
+    # fused away unless torch._inductor.config.emulate_precision_casts), 1e-3 apart after 3 steps (docs/optimizers.md).
+    arguments = inspect.signature(cls).parameters
+    options = {**options, **{key: torch.float32 for key in ("ns_dtype", "update_dtype") if key in arguments}}
+    eager_params = new_params()
+    compiled_params = clone_params(eager_params)
+    eager, compiled = cls(eager_params, **options), cls(compiled_params, **options)
+    torch._dynamo.reset()
+    step = torch.compile(compiled.step)
+    for index in range(3):
+        feed_gradients((eager, compiled), (eager_params, compiled_params), index)
+        eager.step()
+        step()
+    for actual, expected in zip(compiled_params, eager_params):
+        torch.testing.assert_close(actual, expected)
+    assert_same_state(compiled.state_dict(), eager.state_dict())
