@@ -8,12 +8,18 @@ from torch import Tensor
 from mars import reference
 
 
-def by_value(values: list[float]) -> dict[float, list[int]]:
-    """The indices of each distinct value: one foreach call per value where a scalar differs between tensors."""
+def by_value(values: list[float]) -> list[tuple[float, list[int]]]:
+    """Each distinct value with its indices: one foreach call per value where a scalar differs between tensors.
+
+    While traced (``torch.compile``), one pair per index: the values derive from each tensor's step count, which
+    dynamo follows as a symbol once it has seen it change, and comparing or hashing them would make it guard on
+    their values, a new graph at every step."""
+    if torch.compiler.is_compiling():
+        return [(value, [index]) for index, value in enumerate(values)]
     indices = defaultdict(list)
     for index, value in enumerate(values):
         indices[value].append(index)
-    return indices
+    return list(indices.items())
 
 
 def cast_like(tensors: list[Tensor], like: list[Tensor]) -> list[Tensor]:

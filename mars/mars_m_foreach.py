@@ -30,7 +30,7 @@ def _step_by(params: list[Tensor], directions: list[Tensor], step_sizes: list[fl
     works = [param.to(torch.promote_types(param.dtype, torch.float32)) for param in params]
     torch._foreach_mul_(works, 1 - lr * weight_decay)
     directions = cast_like(directions, works)
-    for step_size, indices in by_value(step_sizes).items():
+    for step_size, indices in by_value(step_sizes):
         torch._foreach_add_([works[i] for i in indices], [directions[i] for i in indices], alpha=-step_size)
     write_back(params, works)
 

@@ -50,7 +50,7 @@ def authors_adamw_steps(params: list[Tensor], grads: list[Tensor], exp_avgs: lis
     deltas = torch._foreach_mul(works, weight_decay)
     torch._foreach_addcdiv_(deltas, exp_avgs, denominators)
     step_sizes = [lr * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step) for step in steps]
-    for step_size, indices in by_value(step_sizes).items():
+    for step_size, indices in by_value(step_sizes):
         torch._foreach_mul_([deltas[i] for i in indices], -step_size)
     torch._foreach_add_(works, deltas)
     write_back(params, works)

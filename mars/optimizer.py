@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from mars import reference, shampoo_foreach
+from mars import reference, shampoo_foreach, torch_backend
 from mars.cuda_graph import CapturedLists, CudaGraphedNewtonSchulz
 from mars.newton_schulz import check_ns_form, orthogonalise
 
@@ -851,6 +851,8 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
             name = "torch"  # the kernels compute in float32; torch's foreach ops keep float64 (the same rule)
         if name == "reference":
             return REFERENCE_BACKEND
+        if name == "torch":
+            return torch_backend  # imported with this module: a traced step does not reach importlib
         if name == "triton" and device.type != "cuda" and not triton_interpreter_enabled():
             raise RuntimeError(
                 f"backend='triton' got tensors on {device}; Triton runs on CUDA, or on the CPU only with the "

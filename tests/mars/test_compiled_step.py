@@ -15,7 +15,15 @@ import torch._dynamo
 from mars import reference
 from tests.mars.test_torch_conventions import OPTIMIZERS, clone_params, gradients, new_params
 
-STEPS = 3
+STEPS = 5
+# A compiled step adds graphs at its first three steps (the state created; the step count first seen, specialised;
+# the count seen changing, made a symbol by dynamo) and none after: one graph each for a default path, more where
+# a per-tensor path breaks the graph (MARS-M's clip, `if norm > 1`), but for MARS's reference and Triton backends,
+# which add graphs at every step: the reference reads each clip norm on the host, the Triton launches run eagerly
+# (they read the tensors' data pointers), and the frames resumed after such a break guard on the step's gradient
+# tensors, new at every step.
+GRAPHS_OF_A_DEFAULT_PATH = 3
+RECOMPILED_EVERY_STEP = {"backend": ("reference", "triton")}
 
 
 def compiled_paths(param) -> list:
@@ -73,17 +81,29 @@ def test_a_compiled_step_gives_the_eager_steps_parameters_and_state(cls, options
     compiled_params = clone_params(eager_params)
     eager, compiled = cls(eager_params, **options), cls(compiled_params, **options)
     torch._dynamo.reset()
-    step = torch.compile(compiled.step, backend="aot_eager")
+    graphs = []
+
+    def counting_aot_eager(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return torch._dynamo.lookup_backend("aot_eager")(graph_module, example_inputs)
+
+    step = torch.compile(compiled.step, backend=counting_aot_eager)
     start = clone_params(eager_params)
+    graphs_after = []
     for index in range(STEPS):
         feed_gradients((eager, compiled), (eager_params, compiled_params), index)
         eager.step()
         step()
+        graphs_after.append(len(graphs))
         for number, (actual, expected) in enumerate(zip(compiled_params, eager_params)):
             torch.testing.assert_close(actual, expected, msg=f"parameter {number} after step {index + 1}")
         assert_same_state(compiled.state_dict(), eager.state_dict())
     # Every tensor moved (a compiled step that left the 1-D tensors alone once passed an eager one that did too).
     assert all(not torch.equal(before, after) for before, after in zip(start, compiled_params))
+    if not any(options.get(key) in values for key, values in RECOMPILED_EVERY_STEP.items()):
+        assert graphs_after[2:] == [graphs_after[2]] * (STEPS - 2), graphs_after  # none after the third step
+    if not options:
+        assert graphs_after[2] == GRAPHS_OF_A_DEFAULT_PATH, graphs_after
 
 
 class SmallModel(torch.nn.Module):
@@ -152,3 +172,25 @@ def test_an_inductor_compiled_step_gives_the_eager_steps_parameters(cls, options
     for actual, expected in zip(compiled_params, eager_params):
         torch.testing.assert_close(actual, expected)
     assert_same_state(compiled.state_dict(), eager.state_dict())
+
+
+@pytest.mark.parametrize("cls, options", [case for case in OPTIMIZERS if not case.values[1]])
+def test_a_compiled_step_under_a_torch_scheduler_follows_the_eager_one(cls, options):
+    # torch's schedulers write a new float lr into every group at every step. Under AOT autograd (and inductor)
+    # the lr is specialised, a graph per value (docs/optimizers.md): the numbers still follow the eager step's.
+    eager_params = new_params()
+    compiled_params = clone_params(eager_params)
+    eager, compiled = cls(eager_params), cls(compiled_params)
+    schedulers = [torch.optim.lr_scheduler.LambdaLR(each, lambda step: 1.0 / (1 + step)) for each in (eager, compiled)]
+    torch._dynamo.reset()
+    step = torch.compile(compiled.step, backend="aot_eager")
+    for index in range(STEPS):
+        feed_gradients((eager, compiled), (eager_params, compiled_params), index)
+        eager.step()
+        step()
+        for scheduler in schedulers:
+            scheduler.step()
+        assert compiled.param_groups[0]["lr"] == eager.param_groups[0]["lr"]
+        for actual, expected in zip(compiled_params, eager_params):
+            torch.testing.assert_close(actual, expected)
+        assert_same_state(compiled.state_dict(), eager.state_dict())
