@@ -87,19 +87,22 @@ def candidates(params: list[torch.nn.Parameter], device: torch.device) -> dict[s
 COMPILED = ", compiled step"
 
 
-def compiled_candidates(params: list[torch.nn.Parameter]) -> dict[str, Callable[[], None]]:
-    """Each optimizer's eager step and its step compiled by ``torch.compile`` (inductor), by table label; all share
-    ``params``. torch's foreach AdamW is the baseline, as in the other tables."""
+def compiled_candidates(params: list[torch.nn.Parameter], backend: str = "inductor") -> dict[str, Callable[[], None]]:
+    """Each optimizer's eager step and its step compiled by ``torch.compile`` (with ``backend``), by table label;
+    all share ``params``. torch's foreach AdamW is the baseline, as in the other tables."""
     optimizers = {
         "MARS-AdamW (torch)": lambda: MARS(params, lr=3e-3, weight_decay=0.1, backend="torch"),
         "MARS-Lion (torch)": lambda: MARS(params, lr=3e-4, mars_type="mars-lion", backend="torch"),
         "Muon": lambda: Muon(params, ns_dtype=torch.float32),
         BASELINE: lambda: torch.optim.AdamW(params, lr=6e-4, weight_decay=0.1, foreach=True),
     }
+    # Each optimizer adds its graphs to the cache of the one code object of torch.optim's step wrapper: with 4
+    # optimizers, dynamo's default limit of 8 graphs a code object would leave the later ones stepping eagerly.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 * len(optimizers))
     steps = {}
     for label, build in optimizers.items():
         steps[label] = step_of(build())
-        steps[label + COMPILED] = torch.compile(step_of(build()))
+        steps[label + COMPILED] = torch.compile(step_of(build()), backend=backend)
     return steps
 
 

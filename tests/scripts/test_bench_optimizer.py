@@ -17,13 +17,13 @@ def test_the_shrunk_gpt2_has_gpt2s_tensors_in_its_order_and_shape_groups(model_s
     assert max(shape[0] * (shape[1] if len(shape) == 2 else 1) for shape in tiny) <= 40 * 32
 
 
-@pytest.mark.slow
 def test_the_compiled_bench_times_each_optimizer_eager_and_compiled_in_turn():
     import torch
 
     torch.manual_seed(0)
     eager_params = bench_optimizer.make_params([(6, 4), (4,)], torch.device("cpu"))
-    steps = bench_optimizer.compiled_candidates(eager_params)
+    # dynamo alone: what is under test is the bench's rows and turns, not inductor's code.
+    steps = bench_optimizer.compiled_candidates(eager_params, backend="eager")
     eager_labels = [label for label in steps if not label.endswith(bench_optimizer.COMPILED)]
     assert list(steps) == [name for label in eager_labels for name in (label, label + bench_optimizer.COMPILED)]
     assert bench_optimizer.BASELINE in eager_labels
