@@ -158,7 +158,7 @@ def test_an_inductor_compiled_step_gives_the_eager_steps_parameters(cls, options
     # inductor generates and compiles C++ for the step: the default path of each optimizer, a few steps, with
     # Newton-Schulz and Muon's updates in float32. In bfloat16 the compiled step is not the eager one: inductor's
     # fused kernels round to bfloat16 once where eager rounds every op's result (a cast to bfloat16 and back is
-    # fused away unless torch._inductor.config.emulate_precision_casts), 1e-3 apart after 3 steps (docs/optimizers.md).
+    # fused away unless torch._inductor.config.emulate_precision_casts; docs/optimizers.md).
     arguments = inspect.signature(cls).parameters
     options = {**options, **{key: torch.float32 for key in ("ns_dtype", "update_dtype") if key in arguments}}
     eager_params = new_params()
