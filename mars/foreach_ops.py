@@ -22,6 +22,27 @@ def by_value(values: list[float]) -> list[tuple[float, list[int]]]:
     return list(indices.items())
 
 
+def add_scaled_(tensors: list[Tensor], others: list[Tensor], scale: float | Tensor) -> None:
+    """tensors[i] += scale * others[i], in place: ``_foreach_add_``'s alpha for a float scale; a tensor scale (a
+    tensor lr in a traced step, :func:`mars.optimizer.step_lr`), which alpha does not take, multiplies first."""
+    if torch.is_tensor(scale):
+        torch._foreach_add_(tensors, torch._foreach_mul(others, scale))
+    else:
+        torch._foreach_add_(tensors, others, alpha=scale)
+
+
+def addcdiv_scaled_(tensors: list[Tensor], numerators: list[Tensor], denominators: list[Tensor],
+                    scales: list[float | Tensor]) -> None:
+    """tensors[i] += scales[i] * numerators[i] / denominators[i], in place: one ``_foreach_addcdiv_`` for float
+    scales; tensor ones (a tensor lr in a traced step), which its scalar list does not take, divide and multiply
+    first."""
+    if any(map(torch.is_tensor, scales)):
+        torch._foreach_add_(tensors, [numerator / denominator * scale
+                                      for numerator, denominator, scale in zip(numerators, denominators, scales)])
+    else:
+        torch._foreach_addcdiv_(tensors, numerators, denominators, scales)
+
+
 def cast_like(tensors: list[Tensor], like: list[Tensor]) -> list[Tensor]:
     """Each tensor in the dtype of its partner in ``like``; those already in it are returned as they are."""
     return [tensor.to(partner.dtype) for tensor, partner in zip(tensors, like)]

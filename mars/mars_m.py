@@ -18,7 +18,6 @@ from mars.cuda_graph import CudaGraphedNewtonSchulz
 from mars.newton_schulz import check_ns_form, orthogonalise
 from mars.optimizer import (
     advance_steps,
-    as_float,
     check_flags,
     check_newton_schulz_group,
     check_non_negative,
@@ -26,6 +25,7 @@ from mars.optimizer import (
     each_tensor,
     LookaheadGradient,
     state_buffers,
+    step_lr,
 )
 
 
@@ -102,7 +102,7 @@ class _ShapeScaledOrthogonal(CudaGraphedNewtonSchulz, DispatchingOptimizer):
         updates = orthogonalise(directions, group["ns_steps"], ns_dtype, self.process_group,
                                 eps=reference.MARS_M_NEWTON_SCHULZ_EPS, norm_in_dtype=True, out_dtype=ns_dtype,
                                 form=group["ns_form"], batch=self.ns_batch, graph=self._newton_schulz_graph(group))
-        rules.apply_shape_scaled_updates(params, updates, lr=as_float(group["lr"]),
+        rules.apply_shape_scaled_updates(params, updates, lr=step_lr(group["lr"]),
                                          weight_decay=group["weight_decay"])
 
     def _adamw_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
@@ -111,7 +111,7 @@ class _ShapeScaledOrthogonal(CudaGraphedNewtonSchulz, DispatchingOptimizer):
         beta1, beta2 = group["adamw_betas"]
         self._rules().mars_m_adamw_steps(
             params, [param.grad for param in params], state_buffers(params, states, "exp_avg"),
-            state_buffers(params, states, "exp_avg_sq"), steps=advance_steps(states), lr=as_float(group["lr"]),
+            state_buffers(params, states, "exp_avg_sq"), steps=advance_steps(states), lr=step_lr(group["lr"]),
             beta1=beta1, beta2=beta2, eps=group["adamw_eps"], weight_decay=group["weight_decay"])
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from mars import reference
-from mars.foreach_ops import by_value, cast_like, clip_to_unit_norm, write_back
+from mars.foreach_ops import add_scaled_, by_value, cast_like, clip_to_unit_norm, write_back
 
 
 def _step_by(params: list[Tensor], directions: list[Tensor], step_sizes: list[float], *, lr: float,
@@ -31,7 +31,7 @@ def _step_by(params: list[Tensor], directions: list[Tensor], step_sizes: list[fl
     torch._foreach_mul_(works, 1 - lr * weight_decay)
     directions = cast_like(directions, works)
     for step_size, indices in by_value(step_sizes):
-        torch._foreach_add_([works[i] for i in indices], [directions[i] for i in indices], alpha=-step_size)
+        add_scaled_([works[i] for i in indices], [directions[i] for i in indices], -step_size)
     write_back(params, works)
 
 

@@ -12,13 +12,13 @@ from mars.cuda_graph import CudaGraphedNewtonSchulz
 from mars.newton_schulz import check_ns_form, orthogonalise
 from mars.optimizer import (
     advance_steps,
-    as_float,
     check_newton_schulz_group,
     check_non_negative,
     DispatchingOptimizer,
     each_tensor,
     following_rate,
     state_buffers,
+    step_lr,
 )
 
 ADAMW_VARIANTS = ("authors", "torch")
@@ -49,8 +49,8 @@ class Muon(CudaGraphedNewtonSchulz, DispatchingOptimizer):
     A param group may set any hyperparameter of its own, and takes the constructor's for the others (a group that
     sets ``lr`` keeps the constructor's ``adamw_lr``, as its ratio to the group's own lr); ``process_group``,
     ``ns_cuda_graph``, ``ns_batch`` and ``foreach`` hold for the whole optimizer and are refused in a group. ``lr``
-    and ``adamw_lr`` may be 1-element tensors, read as floats once per step (``adamw_lr`` once, when the group is
-    created).
+    and ``adamw_lr`` may be 1-element tensors, read as floats once per step (``adamw_lr`` when the group is created,
+    or when it is written into the group between steps).
 
     Two options default to the authors' (``MARS/train_muon.py:209-217`` combines their ``optimizers/adamw.py``
     and ``optimizers/muon.py``); ``adamw_variant="torch"`` and ``update_dtype=torch.float32`` give torch's AdamW
@@ -147,7 +147,7 @@ class Muon(CudaGraphedNewtonSchulz, DispatchingOptimizer):
                                        norm_in_dtype=update_dtype == torch.bfloat16, out_dtype=update_dtype,
                                        form=group["ns_form"], batch=self.ns_batch,
                                        graph=self._newton_schulz_graph(group))
-        rules.apply_muon_updates(params, orthogonalised, lr=as_float(group["lr"]), weight_decay=group["weight_decay"])
+        rules.apply_muon_updates(params, orthogonalised, lr=step_lr(group["lr"]), weight_decay=group["weight_decay"])
 
     def _adamw_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
         """AdamW step (the authors' or torch's) of a group's tensors that are not 2-D."""
@@ -169,7 +169,7 @@ def apply_muon_update(param: Tensor, update: Tensor, *, lr: float, weight_decay:
     for a float64 p)."""
     shape_scale = max(1.0, param.size(0) / param.size(1)) ** 0.5
     work = param.to(reference.working_dtype(param))
-    work.mul_(1.0 - lr * weight_decay).add_(update.mul_(shape_scale).to(work.dtype), alpha=-lr)
+    reference.add_scaled_(work.mul_(1.0 - lr * weight_decay), update.mul_(shape_scale).to(work.dtype), -lr)
     param.copy_(work)
 
 

@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from mars.foreach_ops import by_value, cast_like, scale_in_place, shape_scales, working_copies, write_back
+from mars.foreach_ops import add_scaled_, by_value, cast_like, scale_in_place, shape_scales, working_copies, write_back
 from mars.mars_m_foreach import moonlight_directions
 
 # Muon's matrix to orthogonalise is Moonlight's (mars.reference.moonlight_direction): b <- mu b + g,
@@ -30,7 +30,7 @@ def apply_muon_updates(params: list[Tensor], updates: list[Tensor], *, lr: float
     scale_in_place(updates, shape_scales(params))
     works = working_copies(params)
     torch._foreach_mul_(works, 1.0 - lr * weight_decay)
-    torch._foreach_add_(works, cast_like(updates, works), alpha=-lr)
+    add_scaled_(works, cast_like(updates, works), -lr)
     write_back(params, works)
 
 

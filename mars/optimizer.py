@@ -91,6 +91,16 @@ def as_float(value: float | Tensor) -> float:
     return value.item() if torch.is_tensor(value) else value
 
 
+def step_lr(value: float | Tensor) -> float | Tensor:
+    """A learning rate as a step computes with it: a float (:func:`as_float`), but while traced (``torch.compile``)
+    a tensor lr stays a tensor, an input of the graph whose new values (a torch scheduler fills it in place) need no
+    new graph, where a float read from it would be a constant of each: torch's recipe for a compiled step under a
+    scheduler, ``lr=torch.tensor(...)``. The update arithmetic takes either (:func:`mars.reference.add_scaled_`)."""
+    if torch.is_tensor(value) and torch.compiler.is_compiling():
+        return value
+    return as_float(value)
+
+
 def check_ns_dtype(ns_dtype: torch.dtype) -> None:
     """Newton-Schulz runs in bfloat16 (the authors'), float32 or float64."""
     if ns_dtype not in (torch.bfloat16, torch.float32, torch.float64):
@@ -181,9 +191,9 @@ def keep_following_rates_as_ratios(group: dict[str, Any], names: tuple[str, ...]
             raise ValueError(f"{ratio_key(name)} must be a finite float >= 0 ({name} / lr), got {ratio!r}")
 
 
-def following_rate(group: dict[str, Any], name: str) -> float:
-    """The learning rate ``name`` a group steps with now: its ratio times the group's current lr."""
-    return as_float(group["lr"]) * group[ratio_key(name)]
+def following_rate(group: dict[str, Any], name: str) -> float | Tensor:
+    """The learning rate ``name`` a group steps with now: its ratio times the group's current lr (:func:`step_lr`)."""
+    return step_lr(group["lr"]) * group[ratio_key(name)]
 
 
 def restore_state_dtype(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
@@ -302,7 +312,9 @@ class DispatchingOptimizer(torch.optim.Optimizer):
     (``FOLLOWING_LRS``) follow the group's lr as the authors' ``lr_1d_factor`` does: a group keeps each as its ratio
     to its own lr when it is created (``lr_1d_ratio = lr_1d / lr``, :func:`ratio_key`) and steps with the ratio
     times its current lr, so that whatever sets ``lr`` (a torch scheduler, the trainer) moves every rate of the
-    group in proportion, and lr = 0 freezes the group. The ratio is saved with the group.
+    group in proportion, and lr = 0 freezes the group. The ratio is saved with the group. A rate written into a
+    group between steps (``group["lr_1d"] = 1e-3``) takes effect at the next step, as the ratio to the group's lr
+    then (:meth:`_take_rates_written_since_the_last_step`).
 
     The options of the whole optimizer (``OPTIMIZER_OPTIONS``, passed to ``__init__`` by name) are attributes, kept
     out of the param groups that ``state_dict()`` saves, refused in a group, and kept through a copy or pickle, but
@@ -347,6 +359,7 @@ class DispatchingOptimizer(torch.optim.Optimizer):
         group = self.param_groups[-1]
         check_real_params(group["params"], type(self).__name__)
         check_learning_rates(group, self.LEARNING_RATES)
+        self.__dict__.setdefault("_rates_taken", []).append({name: group[name] for name in self.FOLLOWING_LRS})
         keep_following_rates_as_ratios(group, self.FOLLOWING_LRS, own_ratios)
         self._check_group(group)
 
@@ -367,7 +380,7 @@ class DispatchingOptimizer(torch.optim.Optimizer):
     def __getstate__(self) -> dict[str, Any]:
         # Optimizer.__getstate__ keeps only defaults, state and groups.
         options = {key: getattr(self, key) for key in self.OPTIMIZER_OPTIONS if key != "process_group"}
-        return {**super().__getstate__(), **options}
+        return {**super().__getstate__(), **options, "_rates_taken": self.__dict__.get("_rates_taken", [])}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -382,12 +395,39 @@ class DispatchingOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._take_rates_written_since_the_last_step()
         # Every group is planned before any update, so that an error (a sparse gradient) leaves every parameter and
         # its state untouched.
         plans = [self._plan(index, group) for index, group in enumerate(self.param_groups)]
         for group, plan in zip(self.param_groups, plans):
             self._step_group(group, **plan.by_rule)
         return loss
+
+    def _take_rates_written_since_the_last_step(self) -> None:
+        """A following rate written into a group since the last step (``group["lr_1d"] = 1e-3``) takes effect now: the
+        group keeps its ratio to the group's lr of this step, as a group created with it would. The rate object the
+        group last took (at its creation, or a write) is no write: ZeroRedundancyOptimizer copies its own groups'
+        keys, the constructor's ``lr_1d`` among them, into its shard's groups before every step, the same objects;
+        a write is another object, whatever its value."""
+        taken = self.__dict__.setdefault("_rates_taken", [])
+        for index, group in enumerate(self.param_groups):
+            if index == len(taken):
+                taken.append({})
+            for name in self.FOLLOWING_LRS:
+                if name not in group:
+                    continue
+                rate = group.pop(name)
+                last = taken[index].setdefault(name, rate)
+                if rate is last:
+                    continue
+                check_learning_rates({name: rate}, (name,))
+                if as_float(group["lr"]) == 0.0 and as_float(rate) != 0.0:
+                    raise ValueError(
+                        f"param group {index}: {name}={as_float(rate)!r} was written while the group's lr is 0, and "
+                        f"{name} follows lr as the ratio {ratio_key(name)} = {name} / lr: set "
+                        f"group[{ratio_key(name)!r}] instead (the rate is that ratio times lr)")
+                group[ratio_key(name)] = ratio_to_lr(name, rate, group["lr"])
+                taken[index][name] = rate
 
     def _plan(self, index: int, group: dict[str, Any]) -> GroupPlan:
         """The :class:`GroupPlan` of the group at ``index``: the kept one while its key holds, else a new one. Raises
@@ -663,7 +703,7 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
     sets ``lr`` keeps the constructor's ``lr_1d``, as its ratio to the group's own lr). ``is_approx``, ``backend``,
     ``process_group``, ``ns_cuda_graph`` and ``ns_batch`` hold for the whole optimizer: a group that sets one is
     refused with a ValueError. ``lr`` and ``lr_1d`` may be 1-element tensors, read as floats once per step
-    (``lr_1d`` once, when the group is created).
+    (``lr_1d`` when the group is created, or when it is written into the group between steps).
 
     Args:
         params: parameters or parameter groups.
@@ -772,7 +812,7 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
         # mars-shampoo's tensors that are not 2-D take the AdamW-style MARS rule, as in the official code.
         backend_mars_type = "mars-adamw" if mars_type == "mars-shampoo" else mars_type
         beta1, beta2 = group["betas"]
-        lr = as_float(group["lr"])
+        lr = step_lr(group["lr"])
         mars_hyper = dict(
             lr=lr, beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
             gamma=group["gamma"], amsgrad=amsgrad, remember_grad=self.is_approx,

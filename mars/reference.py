@@ -100,6 +100,14 @@ def newton_schulz5(matrix: Tensor, steps: int = 5, eps: float = 1e-7, dtype: tor
     return x.to(matrix.dtype)
 
 
+def add_scaled_(tensor: Tensor, other: Tensor, scale: float | Tensor) -> Tensor:
+    """tensor += scale * other, in place: ``add_``'s alpha for a float scale; a tensor scale (a tensor lr in a traced
+    step, :func:`mars.optimizer.step_lr`), which alpha does not take, multiplies first."""
+    if torch.is_tensor(scale):
+        return tensor.add_(other * scale)
+    return tensor.add_(other, alpha=scale)
+
+
 def apply_update(param: Tensor, update: Tensor, lr: float, weight_decay: float, *,
                  decay_inside_add: bool = False) -> None:
     """p <- p - lr * (update + weight_decay * p), computed in :func:`working_dtype` and written back in p's dtype.
@@ -298,7 +306,7 @@ def apply_shape_scaled_update(param: Tensor, update: Tensor, *, lr: float, weigh
     what adding it cast to float32 does.
     """
     work = param.to(working_dtype(param))
-    work.mul_(1 - lr * weight_decay).add_(update.to(work.dtype), alpha=-shape_scaled_lr(lr, param.shape))
+    add_scaled_(work.mul_(1 - lr * weight_decay), update.to(work.dtype), -shape_scaled_lr(lr, param.shape))
     param.copy_(work)
 
 
@@ -369,5 +377,5 @@ def mars_m_adamw_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: 
     direction = exp_avg / (eps + exp_avg_sq.sqrt())
     scale = (1 - beta1**step) / (1 - beta2**step) ** 0.5
     work = param.to(working_dtype(param))
-    work.mul_(1 - lr * weight_decay).add_(direction.to(work.dtype), alpha=-lr / scale)
+    add_scaled_(work.mul_(1 - lr * weight_decay), direction.to(work.dtype), -lr / scale)
     param.copy_(work)

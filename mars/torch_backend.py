@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from mars.foreach_ops import cast_like, clip_to_unit_norm, working_copies, write_back
+from mars.foreach_ops import add_scaled_, addcdiv_scaled_, cast_like, clip_to_unit_norm, working_copies, write_back
 from mars.group_steps import group_steps
 
 
@@ -107,7 +107,7 @@ def _adam_update(
     torch._foreach_add_(denominators, [eps * correction for correction in sqrt_bias_corrections2])
     step_sizes = [-lr * correction / (1.0 - beta1**step) for step, correction in zip(steps, sqrt_bias_corrections2)]
     _apply_updates(params, lr, weight_decay,
-                   lambda works: torch._foreach_addcdiv_(works, exp_avgs, denominators, step_sizes))
+                   lambda works: addcdiv_scaled_(works, exp_avgs, denominators, step_sizes))
 
 
 def _fused_step(params: list[Tensor], grads: list[Tensor], state: dict[str, list[Tensor]], *, steps: list[int],
@@ -128,7 +128,7 @@ def _fused_step(params: list[Tensor], grads: list[Tensor], state: dict[str, list
     scratch = None if gamma is None else moment_inputs
     if lion:
         _sign_into(scratch, exp_avgs)
-        _apply_updates(params, lr, weight_decay, lambda works: torch._foreach_add_(works, scratch, alpha=-lr))
+        _apply_updates(params, lr, weight_decay, lambda works: add_scaled_(works, scratch, -lr))
     else:
         second_moments = _update_second_moment(state["exp_avg_sq"], state.get("max_exp_avg_sq"), moment_inputs,
                                                beta2, amsgrad)

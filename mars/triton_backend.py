@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from mars.group_steps import group_steps
+from mars.optimizer import as_float
 
 try:
     import triton
@@ -442,6 +443,7 @@ def _fused_step(
     """
     if not params:
         return
+    hyperparameters["lr"] = as_float(hyperparameters["lr"])  # a tensor lr of a traced step (mars.optimizer.step_lr)
     _check_lengths(params, grads, state, steps)
     _check_steps(steps)
     device = params[0].device

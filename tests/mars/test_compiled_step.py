@@ -101,7 +101,7 @@ def test_a_compiled_step_gives_the_eager_steps_parameters_and_state(cls, options
         assert_same_state(compiled.state_dict(), eager.state_dict())
     # Every tensor moved (a compiled step that left the 1-D tensors alone once passed an eager one that did too).
     assert all(not torch.equal(before, after) for before, after in zip(start, compiled_params))
-    if not any(options.get(key) in values for key, values in RECOMPILED_EVERY_STEP.items()):
+    if not recompiled_every_step(options):
         assert graphs_after[2:] == [graphs_after[2]] * (STEPS - 2), graphs_after  # none after the third step
     if not options:
         assert graphs_after[2] == GRAPHS_OF_A_DEFAULT_PATH, graphs_after
@@ -158,18 +158,22 @@ def test_an_inductor_compiled_step_gives_the_eager_steps_parameters(cls, options
     # inductor generates and compiles C++ for the step: the default path of each optimizer, a few steps, with
     # Newton-Schulz and Muon's updates in float32. In bfloat16 the compiled step is not the eager one: inductor's
     # fused kernels round to bfloat16 once where eager rounds every op's result (a cast to bfloat16 and back is
-    # fused away unless torch._inductor.config.emulate_precision_casts; docs/optimizers.md).
+    # fused away unless torch._inductor.config.emulate_precision_casts; docs/optimizers.md). A tensor lr, halved by a
+    # scheduler between the steps: inductor's code computes the step sizes from it.
     arguments = inspect.signature(cls).parameters
     options = {**options, **{key: torch.float32 for key in ("ns_dtype", "update_dtype") if key in arguments}}
     eager_params = new_params()
     compiled_params = clone_params(eager_params)
-    eager, compiled = cls(eager_params, **options), cls(compiled_params, **options)
+    eager, compiled = (cls(params, **options, lr=torch.tensor(1e-2)) for params in (eager_params, compiled_params))
+    schedulers = [torch.optim.lr_scheduler.LambdaLR(each, lambda step: 0.5**step) for each in (eager, compiled)]
     torch._dynamo.reset()
     step = torch.compile(compiled.step)
     for index in range(2):  # a step with fresh state, then one with state
         feed_gradients((eager, compiled), (eager_params, compiled_params), index)
         eager.step()
         step()
+        for scheduler in schedulers:
+            scheduler.step()
     for actual, expected in zip(compiled_params, eager_params):
         torch.testing.assert_close(actual, expected)
     assert_same_state(compiled.state_dict(), eager.state_dict())
@@ -178,7 +182,8 @@ def test_an_inductor_compiled_step_gives_the_eager_steps_parameters(cls, options
 @pytest.mark.parametrize("cls, options", [case for case in OPTIMIZERS if not case.values[1]])
 def test_a_compiled_step_under_a_torch_scheduler_follows_the_eager_one(cls, options):
     # torch's schedulers write a new float lr into every group at every step. Under AOT autograd (and inductor)
-    # the lr is specialised, a graph per value (docs/optimizers.md): the numbers still follow the eager step's.
+    # the lr is specialised, a graph per value, as for torch's own AdamW (docs/optimizers.md): the numbers still
+    # follow the eager step's.
     eager_params = new_params()
     compiled_params = clone_params(eager_params)
     eager, compiled = cls(eager_params), cls(compiled_params)
@@ -195,3 +200,41 @@ def test_a_compiled_step_under_a_torch_scheduler_follows_the_eager_one(cls, opti
         for actual, expected in zip(compiled_params, eager_params):
             torch.testing.assert_close(actual, expected)
         assert_same_state(compiled.state_dict(), eager.state_dict())
+
+
+def recompiled_every_step(options) -> bool:
+    return any(options.get(key) in values for key, values in RECOMPILED_EVERY_STEP.items())
+
+
+@pytest.mark.parametrize("cls, options", [case for case in CASES if not recompiled_every_step(case.values[1])])
+def test_a_compiled_step_with_a_tensor_lr_under_a_torch_scheduler_compiles_no_graph_after_its_third_step(
+        cls, options):
+    # torch's recipe for a compiled step under a scheduler: lr=torch.tensor(...), which the scheduler fills in place
+    # and the traced step keeps a tensor (mars.optimizer.step_lr). Every rate moves (MARS's lr_1d and Muon's adamw_lr
+    # follow lr), the numbers follow the eager step's, and no lr is a constant of a graph. (Not the paths that
+    # break the graph every step whatever the lr: RECOMPILED_EVERY_STEP.)
+    eager_params = new_params()
+    compiled_params = clone_params(eager_params)
+    eager, compiled = (cls(params, **options, lr=torch.tensor(1e-2)) for params in (eager_params, compiled_params))
+    schedulers = [torch.optim.lr_scheduler.LambdaLR(each, lambda step: 1.0 / (1 + step)) for each in (eager, compiled)]
+    torch._dynamo.reset()
+    graphs = []
+
+    def counting(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return torch._dynamo.lookup_backend("aot_eager" if not options else "eager")(graph_module, example_inputs)
+
+    step = torch.compile(compiled.step, backend=counting)
+    graphs_after = []
+    for index in range(STEPS):
+        feed_gradients((eager, compiled), (eager_params, compiled_params), index)
+        eager.step()
+        step()
+        for scheduler in schedulers:
+            scheduler.step()
+        graphs_after.append(len(graphs))
+        for number, (actual, expected) in enumerate(zip(compiled_params, eager_params)):
+            torch.testing.assert_close(actual, expected, msg=f"parameter {number} after step {index + 1}")
+        assert_same_state(compiled.state_dict(), eager.state_dict())
+    assert torch.is_tensor(compiled.param_groups[0]["lr"])
+    assert graphs_after[2:] == [graphs_after[2]] * (STEPS - 2), graphs_after  # none after the third step

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.optim import lr_scheduler
 
 import mars
@@ -640,6 +641,76 @@ def test_a_groups_ratio_to_lr_is_saved_and_loaded_with_it(cls, options):
     run_steps(optimizer, params, range(2, STEPS))
     run_steps(fresh, fresh_params, range(2, STEPS))
     assert_same_params(fresh_params, params)
+
+
+FOLLOWING = [case for case in OPTIMIZERS if case.values[0].FOLLOWING_LRS]
+
+
+def following_rate_written_between_steps(cls, options, zero1: bool):
+    """The parameters after three steps, the second rate (``lr_1d``, ``adamw_lr``) written into the group after
+    the first at its value at construction (a float of its own: the value is no sign of a write) and half the group's
+    lr of then, and the optimizer's record of its ratio; ``zero1``: through a ZeroRedundancyOptimizer of one rank,
+    written into its groups."""
+    name = cls.FOLLOWING_LRS[0]
+    params = new_params()
+    if zero1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        optimizer = ZeroRedundancyOptimizer(params, optimizer_class=cls, **options, lr=4e-3, **{name: 1e-3})
+    else:
+        optimizer = cls(params, **options, lr=4e-3, **{name: 1e-3})
+    run_steps(optimizer, params, range(1))
+    optimizer.param_groups[0]["lr"] = 2e-3
+    optimizer.param_groups[0][name] = float("1e-3")
+    run_steps(optimizer, params, range(1, 3))
+    local = optimizer.optim if zero1 else optimizer
+    return params, local.param_groups[0][f"{name}_ratio"]
+
+
+@pytest.mark.parametrize("cls, options", FOLLOWING)
+def test_a_second_rate_written_into_a_group_between_steps_takes_effect_at_the_next_step(cls, options):
+    # As a group created with that rate at that lr: its ratio to the lr of then, from then on.
+    name = cls.FOLLOWING_LRS[0]
+    params, ratio = following_rate_written_between_steps(cls, options, zero1=False)
+    assert ratio == 1e-3 / 2e-3
+    expected_params = new_params()
+    expected = cls(expected_params, **options, lr=4e-3, **{name: 1e-3})
+    run_steps(expected, expected_params, range(1))
+    expected.param_groups[0].update({"lr": 2e-3, f"{name}_ratio": 0.5})
+    run_steps(expected, expected_params, range(1, 3))
+    assert_same_params(params, expected_params)
+    unwritten_params = new_params()
+    unwritten = cls(unwritten_params, **options, lr=4e-3, **{name: 1e-3})
+    run_steps(unwritten, unwritten_params, range(1))
+    unwritten.param_groups[0]["lr"] = 2e-3
+    run_steps(unwritten, unwritten_params, range(1, 3))
+    assert any(not torch.equal(a, b) for a, b in zip(params, unwritten_params)), "the write changed nothing"
+
+
+@pytest.mark.parametrize("cls, options", [FOLLOWING[0], *[case for case in FOLLOWING if case.values[1] == {}]])
+def test_under_zero1_a_written_second_rate_takes_effect_and_the_constructors_copied_each_step_is_no_write(
+        cls, options, tmp_path):
+    # ZeroRedundancyOptimizer copies its groups' keys (the constructor's lr_1d among them) into its shard's groups
+    # before every step: unwritten, the schedule's lr alone moves the rate; written, the write holds as without it.
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        params, ratio = following_rate_written_between_steps(cls, options, zero1=True)
+    finally:
+        dist.destroy_process_group()
+    assert ratio == 1e-3 / 2e-3
+    assert_same_params(params, following_rate_written_between_steps(cls, options, zero1=False)[0])
+
+
+@pytest.mark.parametrize("cls, options", FOLLOWING)
+def test_a_second_rate_written_while_lr_is_zero_is_refused_naming_its_ratio(cls, options):
+    name = cls.FOLLOWING_LRS[0]
+    params = new_params()
+    optimizer = cls(params, **options)
+    optimizer.param_groups[0].update({"lr": 0.0, name: 1e-3})
+    for param, grad in zip(params, gradients(params, 0)):
+        param.grad = grad
+    with pytest.raises(ValueError, match=f"^param group 0: {name}=0.001 was written while the group's lr is 0.*"
+                                         f"set group\\['{name}_ratio'\\] instead"):
+        optimizer.step()
 
 
 @pytest.mark.parametrize("cls", optimizers_of_mars())
