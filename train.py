@@ -18,7 +18,7 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from configs.compose import UnknownConfigKey, refuse_unknown_config_keys, register_configs, validate
+from configs.compose import ConfigRefused, refuse_config_errors, register_configs, validate
 from configs.registry import optimizer_entry
 from configs.schema import Draws, grad_accum_steps_for, lr_decay_end
 from configs.user_dirs import ConfigSyntaxError, refuse_config_syntax_errors
@@ -28,7 +28,7 @@ from model import GPT, GPTConfig
 from training import memory
 from training.distributed import (DistributedContext, all_gather_objects, distributed_session, stop_with_message,
                                   wrap_data_parallel)
-from training.divergence import DivergenceGuard, ValLossWatch, initial_val_loss
+from training.divergence import DivergenceGuard, ValLossWatch, initial_val_loss, skip_update
 from training.eval_weights import evaluation_weights
 from training.finished import finished_step, keep_finished_checkpoints, nothing_left_to_train
 from training.hellaswag import training_items
@@ -132,6 +132,8 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
         if guard.allows_update(step + 1, train_loss, grad_norm, progress.checkpoint, lookahead_norm):
             with memory.optimizer_state(device):  # allocated in the first step
                 optimizer.step()
+        else:
+            skip_update(optimizer)  # its state as before the step: no checkpoint nor later step sees the skipped one
         optimizer.zero_grad(set_to_none=True)
         progress.tokens += tokens_per_step
         done = progress.step = step + 1
@@ -325,8 +327,8 @@ def read_step_scalars(loss: torch.Tensor, grad_norm: torch.Tensor, lookahead_nor
 if __name__ == "__main__":
     try:
         refuse_config_syntax_errors(sys.argv[1:])  # Hydra would stop on them with the parser's traceback
-        refuse_unknown_config_keys(sys.argv[1:])  # Hydra would advise +key=value, a detour to the same refusal
-    except (ConfigSyntaxError, UnknownConfigKey) as err:
+        refuse_config_errors(sys.argv[1:])  # Hydra would tell them in several lines, some advising a detour
+    except (ConfigSyntaxError, ConfigRefused) as err:
         stop_with_message(f"error: {err}", every_rank_meets_it=True)
     main()
     failed_points = sweep_report()

@@ -1,32 +1,36 @@
 """The run config: every schema registered with Hydra (each optimizer's from its row in configs/registry.py), the
 config composed outside train.py's Hydra app (configs/config.yaml plus overrides, for scripts, and for train.py to
-tell an unknown key in one line before Hydra does in several), and validated."""
+tell in one line what Hydra would refuse in several), and validated."""
 import dataclasses
 import itertools
-import re
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.utils import get_args_parser
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ValueType
 from hydra.errors import OverrideParseException
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
 
+from configs.composition_errors import composition_failure_message, several_values_message, unquoted_tilde_message
 from configs.registry import OPTIMIZERS
+from configs.resolvers import register_config_resolvers
 from configs.schema import (COMPILE_MODES, Config, DataConfig, Draws, EvalSampling, LrSchedule, ModelConfig,
                             Sampling, TrainConfig, WandbConfig, check_finite, check_model,
                             check_optimizer_hyperparameters, lr_decay_end, require, unknown_key_message)
 from configs.user_dirs import user_config_dirs
 
 CONFIG_DIR = Path(__file__).resolve().parent
-# Hydra's words for a config file whose merge failed: "In 'optimizer/mine': ConfigKeyError raised while ...".
-_FAILED_FILE = re.compile(r"^In '([^']+)': ")
+# The sweeps whose values an override lists itself (a,b and choice(a,b); range(1,3)).
+ENUMERABLE_SWEEPS = (ValueType.SIMPLE_CHOICE_SWEEP, ValueType.CHOICE_SWEEP, ValueType.RANGE_SWEEP)
 
 
-class UnknownConfigKey(ValueError):
-    """A key that no schema knows, on the command line or in a config file; the message names it, where it is,
-    and the nearest known key."""
+class ConfigRefused(ValueError):
+    """What Hydra would refuse to compose, on the command line or in a config file (an unknown key or option, a
+    value of the wrong type, an unquoted ``~``, a sweep without ``-m``); the message is one line naming it, where
+    it is and the fix."""
 
 
 def compose_config(overrides: list[str]):
@@ -37,12 +41,13 @@ def compose_config(overrides: list[str]):
 
 
 def register_configs() -> None:
-    """The schemas, for Hydra to merge the YAML into. (The default run directory, ``${unique_run_dir:...}``, is
-    resolved by train.py: ``training.run_dir.register_run_dir_resolver``.)
+    """The schemas, for Hydra to merge the YAML into, and our resolvers (configs/resolvers.py). (The default run
+    directory, ``${unique_run_dir:...}``, is resolved by train.py: ``training.run_dir.register_run_dir_resolver``.)
 
     Each optimizer's YAML types itself with ``/optimizer_<name>_schema``, which also sets the ``train.*`` defaults of
     its registry row: after the schema's own, before an experiment's and the command line's, which override them.
     """
+    register_config_resolvers()
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
     # Outside the optimizer group, so that Hydra's choices and --help offer only optimizers that train.
@@ -108,6 +113,7 @@ def validate(cfg) -> None:
             f"train.compile_mode={t.compile_mode} is torch.compile's mode: set train.compile=true with it")
     require(t.distributed_timeout_s > 0,
             f"train.distributed_timeout_s must be > 0 seconds, got {t.distributed_timeout_s}")
+    require(cfg.wandb.init_timeout_s > 0, f"wandb.init_timeout_s must be > 0 seconds, got {cfg.wandb.init_timeout_s}")
     require(t.max_skipped_steps >= 0, f"train.max_skipped_steps must be >= 0, got {t.max_skipped_steps}")
     require(t.diverged_val_loss_ratio >= 1.0, f"train.diverged_val_loss_ratio must be >= 1 (1: a val loss above "
             f"the untrained model's), got {t.diverged_val_loss_ratio}")
@@ -131,26 +137,36 @@ def validate(cfg) -> None:
             "data=custom needs data.dir=/path/to/shards (made by `python -m data.prepare files ... --out DIR`)")
 
 
-def refuse_unknown_config_keys(argv: list[str]) -> None:
-    """Raise :class:`UnknownConfigKey` for a key that train.py's arguments ``argv`` set (``optimizer.gammma=0.1``)
-    or that a config file of the user's own directories sets, and no schema knows.
+def refuse_config_errors(argv: list[str]) -> None:
+    """Raise :class:`ConfigRefused` for what Hydra would refuse in train.py's arguments ``argv`` or in a config file
+    of the user's own directories: an unknown key (``optimizer.gammma=0.1``, told with the nearest known key where
+    Hydra advises appending it: ``+optimizer.gammma``, which the schema check then refuses), an unknown option of a
+    config group (``optimizer=mars-adam``), a value of the wrong type (``optimizer.lr=fast``, ``train.max_iters=1e3``),
+    an unquoted ``~`` (``data.dir=~/data/mine``), several values without ``-m`` (``optimizer.lr=1e-3,3e-3``).
 
-    Hydra would stop on it with several lines, for an override with the advice to append it (``+optimizer.gammma``,
-    which the schema check then refuses). The config is composed as Hydra will compose it, once per option of a
-    config group that a sweep runs through (a key may be unknown to one optimizer only); any other failure is left
-    to Hydra to tell. Nothing is composed where nothing can be unknown: no directory of the user's, and each dotted
-    key set is a field of a section whose schema no choice changes (``train.max_iters``; not ``optimizer.*``).
+    The config is composed as Hydra will compose it, once per option of a config group that a sweep runs through
+    and once per other swept value (a key may be unknown to one optimizer only, a value be of the wrong type at one
+    point only); any other failure is left to Hydra to tell, as are a sweep point's own refusals (``validate``),
+    which the sweep records and goes on past. Nothing is composed where nothing can fail: no directory of the
+    user's, each group's option a file of configs/, and each dotted key set a field, of a type its value fits, of a
+    section whose schema no choice changes (``train.max_iters=5``; not ``optimizer.*``).
     """
     arguments = get_args_parser().parse_args(argv)
     if arguments.config_name not in (None, "config") or arguments.config_path:  # another primary config
         return
     try:
         overrides = OverridesParser.create().parse_overrides(arguments.overrides)
-    except OverrideParseException:  # a malformed override: Hydra names it
+    except OverrideParseException:  # a malformed override: Hydra names it, but for an unquoted ~
+        _refuse(unquoted_tilde_message(arguments.overrides))
         return
+    multirun = arguments.multirun or any(o.key_or_group == "hydra.mode" and o.value() == "MULTIRUN" for o in overrides)
+    several = next((o for o in overrides if o.is_sweep_override()), None)
+    if several and not multirun:
+        _refuse(several_values_message(several))
+    if any(o.is_sweep_override() and o.value_type not in ENUMERABLE_SWEEPS for o in overrides):
+        return  # glob(...), interval(...): what they run through is Hydra's (or its sweeper's) to find
     user_dirs = user_config_dirs(argv)
-    if not user_dirs and all(_known_whatever_is_chosen(o.key_or_group) for o in overrides
-                             if not (o.is_add() or o.is_delete() or o.is_force_add())):
+    if not user_dirs and _cannot_fail(overrides):
         return
     if arguments.config_dir:  # as Hydra adds it: on the search path
         overrides = [o for o in overrides if o.key_or_group != "hydra.searchpath"]
@@ -158,62 +174,58 @@ def refuse_unknown_config_keys(argv: list[str]) -> None:
         fixed = [f"hydra.searchpath=[{searchpath}]"]
     else:
         fixed = []
-    for choices in _launches(overrides):
+    for launch in _launches(overrides):
         try:
-            compose_config([*fixed, *choices])
-        except Exception as err:  # whatever Hydra stops on; only an unknown key is told here, the rest by Hydra
-            message = _unknown_key_message(err, user_dirs)
-            if message:
-                raise UnknownConfigKey(message) from None
+            compose_config([*fixed, *launch])
+        except Exception as err:  # whatever Hydra stops on; only what composition_errors knows is told here
+            _refuse(composition_failure_message(err, launch, [*user_dirs, CONFIG_DIR], user_dirs))
 
 
-def _known_whatever_is_chosen(key: str) -> bool:
-    """Whether ``key`` (of an override) is a config group, Hydra's own, or a field of a fixed section's schema."""
-    section, dot, field = key.partition(".")
-    if not dot or section == "hydra":
-        return True
-    return section in FIXED_SECTIONS and field in {f.name for f in dataclasses.fields(FIXED_SECTIONS[section])}
+def _refuse(message: str | None) -> None:
+    if message:
+        raise ConfigRefused(message) from None
+
+
+def _cannot_fail(overrides) -> bool:
+    """Whether composing cannot fail on ``overrides`` whatever the groups choose: each is a deletion or addition of a
+    key (the schema check refuses an unknown one by name), Hydra's own key, an option of a config group that is a
+    file of configs/, or a value that fits its field of a fixed section's schema."""
+    empty = {section: OmegaConf.structured(schema) for section, schema in FIXED_SECTIONS.items()}
+    for override in overrides:
+        key = override.key_or_group
+        values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+        section, dot, field = key.partition(".")
+        if override.is_delete() or (dot and (section == "hydra" or override.is_add() or override.is_force_add())):
+            continue
+        if not dot:
+            if not all(value is None or (CONFIG_DIR / key / f"{value}.yaml").is_file() for value in values):
+                return False
+            continue
+        known = section in FIXED_SECTIONS and field in {f.name for f in dataclasses.fields(FIXED_SECTIONS[section])}
+        if not known or not all(_fits(empty[section], field, value) for value in values):
+            return False
+    return True
+
+
+def _fits(node, field: str, value) -> bool:
+    """Whether ``value`` converts to the type of ``node``'s ``field``, as Hydra will convert it."""
+    try:
+        node[field] = value
+    except ValidationError:
+        return False
+    return True
 
 
 def _launches(overrides) -> list[list[str]]:
     """The overrides of one launch per option of each config group a sweep runs through (``optimizer=adamw,muon``),
-    every other swept value at its first: what an unknown key depends on."""
-    alternatives = []
-    for override in overrides:
-        if not override.is_sweep_override():
-            alternatives.append([override.input_line])
-            continue
-        values = [f"{override.get_key_element()}={value}" for value in override.sweep_string_iterator()]
-        alternatives.append(values if "." not in override.key_or_group else values[:1])
-    if not alternatives:
-        return [[]]
-    return [list(launch) for launch in itertools.product(*alternatives)]
-
-
-def _unknown_key_message(err: Exception, user_dirs: list[Path]) -> str | None:
-    """Our line for Hydra's failure ``err`` if an unknown key caused it (None otherwise): with the file that sets the
-    key where a file does, or as set on the command line."""
-    cause = err.__cause__ or err.__context__
-    if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)) or not cause.full_key:
-        return None
-    schema = cause.object_type
-    if not dataclasses.is_dataclass(schema):
-        return None
-    known = [f.name for f in dataclasses.fields(schema)]
-    section, _, key = cause.full_key.rpartition(".")
-    failed_file = _FAILED_FILE.match(str(err))
-    where = f" in {_config_file(failed_file.group(1), user_dirs)}" if failed_file else ""
-    if schema is Config:
-        return f"unknown config key {cause.full_key!r}{where}: the top-level keys are {', '.join(known)}"
-    if not section or "." in section:
-        return None
-    return unknown_key_message(section, key, known, where)
-
-
-def _config_file(config_path: str, user_dirs: list[Path]) -> Path | str:
-    """The file of Hydra's ``config_path`` (``optimizer/mine``): in the user's directories, else this one's."""
-    for directory in [*user_dirs, CONFIG_DIR]:
-        candidate = directory / f"{config_path}.yaml"
-        if candidate.is_file():
-            return candidate
-    return f"{config_path}.yaml"
+    every other swept value at its first, and of one more launch per further value of each other swept key
+    (``optimizer.lr=1e-3,fast``): what an unknown key and a value's type depend on."""
+    alternatives = [[f"{o.get_key_element()}={value}" for value in o.sweep_string_iterator()]
+                    if o.is_sweep_override() else [o.input_line] for o in overrides]
+    swept_values = [k for k, o in enumerate(overrides) if o.is_sweep_override() and "." in o.key_or_group]
+    firsts = [values[:1] if k in swept_values else values for k, values in enumerate(alternatives)]
+    launches = [list(launch) for launch in itertools.product(*firsts)]
+    for k in swept_values:
+        launches += [[*launch[:k], value, *launch[k + 1:]] for launch in itertools.product(*firsts)
+                     for value in alternatives[k][1:]]
+    return launches

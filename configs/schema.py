@@ -264,6 +264,9 @@ class WandbConfig:
     project: str = "mars-gpt2"
     entity: Optional[str] = None
     run_name: Optional[str] = None  # null: derived from model, optimizer and data
+    # Seconds the launch waits for the wandb server to start the run (wandb's init_timeout): a server that does not
+    # answer fails the launch after about this long, the run directory left as it was.
+    init_timeout_s: float = 60.0
 
 
 @dataclass

@@ -58,6 +58,19 @@ def data_root() -> Path:
     return Path(base)
 
 
+class DataCacheError(ValueError):
+    """The data cache cannot be written; the message names the variable that moves it."""
+
+
+def unwritable_cache(path: Path, err: OSError) -> DataCacheError:
+    """The error for a corpus that cannot be written at ``path``, its default place under :func:`data_root`."""
+    now = (f"MARS_DATA_CACHE={os.environ['MARS_DATA_CACHE']}" if os.environ.get("MARS_DATA_CACHE")
+           else f"unset, so the cache is {data_root()}")
+    return DataCacheError(f"cannot write {err.filename or path} ({err.strerror or err}): set MARS_DATA_CACHE to a "
+                          f"directory this user can write, with room for the corpus (now {now}); on a cluster, one "
+                          "that every node sees")
+
+
 def default_directory(corpus: HubCorpus) -> Path:
     return data_root() / corpus.directory_name
 

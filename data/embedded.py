@@ -11,9 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from data.corpora import data_root
-from data.shards import read_manifest, write_manifest, write_shard
+from data.corpora import data_root, unwritable_cache
+from data.shards import read_manifest, remove_temporaries, write_manifest, write_shard
 from data.tokenizer import GPT2_EOT_TOKEN, GPT2_VOCAB_SIZE, gpt2_encoding
+from data.writer_lock import sole_writer
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +57,31 @@ def tokenize_plays(plays: list[Path]) -> np.ndarray:
 
 
 def prepare_embedded(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Return the directory holding the embedded corpus' ``train.bin`` and ``val.bin``, building it if needed."""
+    """Return the directory holding the embedded corpus' ``train.bin`` and ``val.bin``, building it if needed (one
+    process at a time: every rank and launch that finds it missing waits for the one that builds it)."""
     out = Path(cache_dir) if cache_dir else default_cache_dir()
-    manifest = read_manifest(out) if out.is_dir() else None
-    if manifest is not None and manifest.get("complete"):
+    if _is_complete(out):
         return out
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with sole_writer(out) as sole:
+            if not _is_complete(out):  # built meanwhile by the process this one waited for
+                _build(out)
+            if sole:
+                remove_temporaries(out)
+    except OSError as err:  # a read-only home, a full disk
+        if cache_dir:
+            raise
+        raise unwritable_cache(out, err) from None
+    return out
+
+
+def _is_complete(out: Path) -> bool:
+    manifest = read_manifest(out) if out.is_dir() else None
+    return manifest is not None and bool(manifest.get("complete"))
+
+
+def _build(out: Path) -> None:
+    out.mkdir(exist_ok=True)
     plays = play_files()
     log.info("tokenizing the embedded corpus (%d plays) into %s", len(plays), out)
     shards = []
@@ -77,4 +97,3 @@ def prepare_embedded(cache_dir: str | os.PathLike | None = None) -> Path:
         "tokenizer": "gpt2", "vocab_size": GPT2_VOCAB_SIZE, "shards": shards,
         "max_token_id": max(s["max_token_id"] for s in shards), "complete": True,
     })
-    return out

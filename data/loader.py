@@ -1,7 +1,8 @@
 """Batches of token windows from a directory of shards, each batch a pure function of its coordinates.
 
 A split is ``{split}.bin`` (the embedded corpus, nanoGPT's layout) or numbered shards ``{split}_000000.bin,
-...`` (``data.prepare``; llm.c's ``<name>_{split}_000001.bin`` too), memory-mapped when read (a few at a time,
+...`` (``data.prepare``; llm.c's ``<name>_{split}_000001.bin`` too), opened when loaded and kept open to the run's
+end (whatever is renamed over them meanwhile: ``data.shards.ShardFiles``), memory-mapped when read (a few at a time,
 within the limit of open files) and read as one stream in shard order. Three sampling modes:
 
 - ``random`` (nanoGPT, and the official MARS trainer on OpenWebText): each window starts at a uniformly random
@@ -39,7 +40,7 @@ from configs.schema import Sampling
 from data.authors_draws import AuthorsDraws
 from data.corpora import HUB_CORPORA, default_directory, prepare_command
 from data.embedded import prepare_embedded
-from data.shards import MANIFEST_FILE, ShardError, ShardFiles, read_manifest, shard_length, unreadable_as_shard_error
+from data.shards import MANIFEST_FILE, ShardError, ShardFiles, read_manifest, unreadable_as_shard_error
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class ShardedTokens:
         self.paths = paths or []
         self.source = source  # what the shards were made from, as their manifest says (None without one)
         self.fingerprint = fingerprint  # see corpus_fingerprint (None in memory)
-        # Shards on disk are opened only when read (ShardFiles): their lengths come from their headers.
+        # Shards on disk are mapped only when read (ShardFiles): their lengths come from their headers.
         self.lengths = shards.lengths if isinstance(shards, ShardFiles) else [len(s) for s in shards]
         self.ends = np.cumsum(self.lengths)
         self.starts = self.ends - self.lengths
@@ -199,7 +200,7 @@ def load_split(data_dir: Path, split: str, vocab_size: int) -> ShardedTokens:
         raise ValueError(f"the preparation of {data_dir} did not finish: rerun `{manifest.get('command')}` "
                          "to resume it")
     paths = split_files(data_dir, split)
-    shards = ShardFiles(paths, [shard_length(path) for path in paths])
+    shards = ShardFiles(paths)  # opened here and kept open: the run reads these files to its end
     if manifest is not None:
         _check_manifest(data_dir, split, paths, shards, manifest)
     _check_vocabulary(data_dir, split, paths, shards, manifest, vocab_size)

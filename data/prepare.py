@@ -35,10 +35,12 @@ id and every shard together with where the next shard starts (document position 
 offset). It is rewritten after each shard, so an interrupted run continues after its last finished shard when
 rerun with the same arguments: the output depends only on the input order and the settings, never on the number
 of workers. ``--overwrite`` prepares anew beside ``--out`` and puts the finished corpus in its place: until then
-the old corpus stays whole, and no old shard is left among the new ones.
+the old corpus stays whole, and no old shard is left among the new ones (a run reading the old one reads it to its
+end). One process prepares an ``--out`` at a time (``data/writer_lock.py``): a second one waits for the first.
 """
 import argparse
 import bisect
+import errno
 import functools
 import json
 import logging
@@ -56,9 +58,10 @@ import numpy as np
 from tqdm import tqdm
 
 from configs.schema import TrainConfig
-from data.corpora import FINEWEB_EDU_SAMPLES, HUB_CORPORA, HubCorpus, default_directory
-from data.shards import ShardError, read_manifest, read_shard, write_manifest, write_shard
+from data.corpora import FINEWEB_EDU_SAMPLES, HUB_CORPORA, HubCorpus, default_directory, unwritable_cache
+from data.shards import ShardError, read_manifest, read_shard, remove_temporaries, write_manifest, write_shard
 from data.tokenizer import GPT2_EOT_TOKEN, GPT2_VOCAB_SIZE, gpt2_encoding
+from data.writer_lock import beside, longest_name, sole_writer
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +74,8 @@ SETTINGS_KEYS = ("source", "tokenizer", "vocab_size", "eot_token", "document_sep
 # train.block_size tokens and the target after them.
 DEFAULT_BATCH_TOKENS = TrainConfig.batch_size * TrainConfig.block_size + 1
 DEFAULT_BATCH = f"train.batch_size {TrainConfig.batch_size} x train.block_size {TrainConfig.block_size} + 1"
-# Where --overwrite prepares before the result replaces --out, and where the replaced corpus goes until deleted.
+# Where --overwrite prepares before the result replaces --out, and where the replaced corpus goes until deleted
+# (beside --out, named by ``beside`` within the file system's limit on a name).
 OVERWRITING_SUFFIX, REPLACED_SUFFIX = ".overwriting", ".replaced"
 
 
@@ -422,7 +426,7 @@ def _overwriting_directory(out: Path, settings: dict) -> Path:
     if read_manifest(out) is None:
         raise ValueError(f"--overwrite replaces only a directory that `python -m data.prepare` made, and {out} has "
                          "no manifest.json: choose another --out, or empty it yourself")
-    staging = out.with_name(out.name + OVERWRITING_SUFFIX)
+    staging = beside(out, OVERWRITING_SUFFIX)
     manifest = read_manifest(staging) if staging.is_dir() else None
     if staging.exists() and (manifest is None or any(manifest.get(key) != settings[key] for key in SETTINGS_KEYS)):
         shutil.rmtree(staging)
@@ -431,7 +435,7 @@ def _overwriting_directory(out: Path, settings: dict) -> Path:
 
 def _replace_directory(out: Path, prepared: Path) -> None:
     """Put the finished ``prepared`` corpus in the place of ``out``, whose old corpus is then deleted."""
-    replaced = out.with_name(out.name + REPLACED_SUFFIX)
+    replaced = beside(out, REPLACED_SUFFIX)
     if replaced.exists():
         shutil.rmtree(replaced)
     out.rename(replaced)
@@ -444,11 +448,11 @@ def _finish_interrupted_replacement(out: Path, settings: dict) -> dict | None:
     """An ``--overwrite`` stopped inside ``_replace_directory`` left the old corpus in ``<out>.replaced``: finish
     what it was doing, so that ``out`` holds one whole corpus and nothing is left behind. Returns the manifest of
     ``out`` when it now holds that overwrite's complete corpus and it had these settings (nothing is left to do)."""
-    replaced = out.with_name(out.name + REPLACED_SUFFIX)
+    replaced = beside(out, REPLACED_SUFFIX)
     if not replaced.is_dir():
         return None
     if not out.exists():  # stopped between the two renames: the new corpus is complete in the staging directory
-        staging = out.with_name(out.name + OVERWRITING_SUFFIX)
+        staging = beside(out, OVERWRITING_SUFFIX)
         manifest = read_manifest(staging) if staging.is_dir() else None
         if manifest is None or not manifest.get("complete"):
             replaced.rename(out)
@@ -484,15 +488,18 @@ def prepare(source: dict, out: str | os.PathLike, *, split: str = FirstDocuments
     separator = "<|endoftext|> " + ("before" if rule.eot_first else "after") + " each document"
     settings = {"source": source, "tokenizer": "gpt2", "vocab_size": GPT2_VOCAB_SIZE, "eot_token": GPT2_EOT_TOKEN,
                 "document_separator": separator, "split": rule.settings(), "shard_size": shard_size}
-    finished = _finish_interrupted_replacement(out, settings)
-    if finished is not None:
-        return finished
-    if overwrite and out.is_dir() and any(out.iterdir()):
-        staging = _overwriting_directory(out, settings)
-        manifest = _prepare_into(staging, settings, rule, source, workers, documents, command, shown_as=out)
-        _replace_directory(out, staging)
-        return manifest
-    return _prepare_into(out, settings, rule, source, workers, documents, command, shown_as=out)
+    # One preparation of `out` at a time: a second one waits, then resumes or finds it complete.
+    with sole_writer(out) as sole:
+        manifest = _finish_interrupted_replacement(out, settings)
+        if manifest is None and overwrite and out.is_dir() and any(out.iterdir()):
+            staging = _overwriting_directory(out, settings)
+            manifest = _prepare_into(staging, settings, rule, source, workers, documents, command, shown_as=out)
+            _replace_directory(out, staging)
+        elif manifest is None:
+            manifest = _prepare_into(out, settings, rule, source, workers, documents, command, shown_as=out)
+        if sole:  # what writers killed before their rename left
+            remove_temporaries(out)
+    return manifest
 
 
 def _prepare_into(out: Path, settings: dict, rule: SplitRule, source: dict, workers: int, documents: int | None,
@@ -603,9 +610,20 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, FileNotFoundError, ConnectionError) as err:
         raise SystemExit(f"error: {err}") from None
     except OSError as err:  # an unreadable input, a read-only or full --out (the finished shards are kept)
-        raise SystemExit(f"error: could not read or write {err.filename or out} ({err.strerror or err}): fix "
-                         "its permissions or free space, then rerun the command (it continues after the last "
-                         "finished shard)") from None
+        raise SystemExit(f"error: {unusable_path(err, out, default_out=args.out is None)}") from None
+
+
+def unusable_path(err: OSError, out: Path, default_out: bool) -> str:
+    """What to do about a file that ``data.prepare`` could not read or write."""
+    if err.errno == errno.ENAMETOOLONG:
+        name = max((Path(name).name for name in (err.filename, err.filename2) if name),
+                   key=lambda name: len(os.fsencode(name)), default=out.name)
+        return (f"a name of {len(os.fsencode(name))} bytes ({name[:40]}...) is longer than the file system takes "
+                f"({longest_name(out.parent)} bytes): choose a shorter --out")
+    if default_out and err.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
+        return f"{unwritable_cache(out, err)}"
+    return (f"could not read or write {err.filename or out} ({err.strerror or err}): fix its permissions or free "
+            "space, then rerun the command (it continues after the last finished shard)")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 A shard is a 1024-byte header of 256 little-endian int32 -- [magic 20240520, version 1, token count, 0...] --
 followed by the tokens as little-endian uint16 (GPT-2's 50,257 ids fit). Shards are written to a temporary
-name and renamed, so a shard that exists is complete.
+name of their writer's own and renamed, so a shard that exists is complete, two writers never write into one file,
+and a file once written is never rewritten in place: a run that keeps a shard open reads the tokens it opened,
+whatever is renamed over its path later (``ShardFiles``).
 
 A directory of shards made by ``data.prepare`` also holds ``manifest.json``: where the tokens came from, the
 tokenizer and its vocabulary size, the largest token id, and every shard with its token count.
@@ -11,8 +13,11 @@ import contextlib
 import errno
 import getpass
 import json
+import mmap
 import os
 import resource
+import socket
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +30,7 @@ HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 TOKEN_DTYPE = np.dtype("<u2")
 MANIFEST_FILE = "manifest.json"
+TEMPORARY_SUFFIX = ".tmp"
 
 
 class ShardError(ValueError):
@@ -41,11 +47,18 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
         raise ValueError(f"tokens must lie in [0, 65535] to be stored as uint16 in {path}")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (SHARD_MAGIC, SHARD_VERSION, tokens.size)
-    tmp = path.with_name(path.name + ".tmp")
+    write_atomically(path, header.tobytes(), tokens.astype(TOKEN_DTYPE, copy=False).tobytes())
+
+
+def write_atomically(path: Path, *contents: bytes) -> None:
+    """Write ``contents`` to a temporary file of this process's own beside ``path``, then rename it to ``path``: a
+    reader sees the old file or the new one, whole, and two processes writing one path at once (two launches
+    preparing an empty cache where the file system has no locks) each rename a file of their own."""
+    tmp = path.with_name(f"{path.name}.{socket.gethostname()}-{os.getpid()}{TEMPORARY_SUFFIX}")
     try:
         with open(tmp, "wb") as f:
-            f.write(header.tobytes())
-            f.write(tokens.astype(TOKEN_DTYPE, copy=False).tobytes())
+            for content in contents:
+                f.write(content)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -54,27 +67,55 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
         raise
 
 
-def read_shard(path: str | os.PathLike) -> np.memmap:
+def remove_temporaries(directory: Path) -> None:
+    """Delete the temporary files that writers killed before their rename left in ``directory``; only for the
+    directory's one writer (``data.writer_lock``), which is then the only process writing there."""
+    for leftover in directory.glob(f"*{TEMPORARY_SUFFIX}"):
+        leftover.unlink(missing_ok=True)
+
+
+def read_shard(path: str | os.PathLike) -> np.ndarray:
     """Memory-map the tokens of a shard, after checking its header against its size."""
     path = Path(path)
-    num_tokens = shard_length(path)
-    with unreadable_as_shard_error(path):
-        return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(num_tokens,))
+    with opened_shard(path) as (descriptor, num_tokens, _):
+        return map_tokens(path, descriptor, num_tokens)
 
 
-def shard_length(path: Path) -> int:
-    """The number of tokens of a shard, after checking its header against its size (the file is not kept open)."""
+@contextlib.contextmanager
+def opened_shard(path: Path):
+    """``open_shard(path)``, its descriptor closed on leaving."""
+    descriptor, num_tokens, status = open_shard(path)
+    try:
+        yield descriptor, num_tokens, status
+    finally:
+        os.close(descriptor)
+
+
+def open_shard(path: Path) -> tuple[int, int, os.stat_result]:
+    """An open descriptor of the shard at ``path``, its token count (the header checked against the file's size)
+    and its ``os.stat_result``."""
     with unreadable_as_shard_error(path):
         if path.is_dir():
             raise ShardError(f"token shard {path} is a directory, not a shard file: move it out of the way, or "
                              "prepare the corpus again")
         if not path.is_file():
             raise ShardError(f"token shard {path} does not exist")
-        size = path.stat().st_size
-        if size < HEADER_BYTES:
-            raise ShardError(f"{path} is {size} bytes, shorter than the {HEADER_BYTES}-byte shard header")
-        header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
-    magic, version, num_tokens = (int(x) for x in header[:3])
+        descriptor = os.open(path, os.O_RDONLY)
+    try:
+        with unreadable_as_shard_error(path):
+            status = os.fstat(descriptor)
+            header = os.pread(descriptor, HEADER_BYTES, 0)
+        return descriptor, checked_token_count(path, header, status.st_size), status
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def checked_token_count(path: Path, header: bytes, size: int) -> int:
+    """The token count that the header of the ``size``-byte shard at ``path`` declares, checked against its size."""
+    if size < HEADER_BYTES:
+        raise ShardError(f"{path} is {size} bytes, shorter than the {HEADER_BYTES}-byte shard header")
+    magic, version, num_tokens = (int(x) for x in np.frombuffer(header, dtype="<i4", count=3))
     if magic != SHARD_MAGIC:
         raise ShardError(f"{path} has magic {magic}, expected {SHARD_MAGIC}: not a token shard")
     if version != SHARD_VERSION:
@@ -90,35 +131,91 @@ def shard_length(path: Path) -> int:
     return num_tokens
 
 
-class ShardFiles(Sequence):
-    """The shards of a split, memory-mapped when read, at most ``max_open`` at a time (the least recently read
-    is closed first): each map holds a file descriptor, and a corpus of many shards would exceed the process's
-    limit of open files (``ulimit -n``)."""
+def map_tokens(path: Path, descriptor: int, num_tokens: int) -> np.ndarray:
+    """The tokens of the open shard ``descriptor``, memory-mapped (the map holds a descriptor of its own)."""
+    with unreadable_as_shard_error(path):
+        mapped = mmap.mmap(descriptor, 0, access=mmap.ACCESS_READ)
+    return np.frombuffer(mapped, dtype=TOKEN_DTYPE, count=num_tokens, offset=HEADER_BYTES)
 
-    def __init__(self, paths: list[Path], lengths: list[int], max_open: int | None = None) -> None:
-        self.paths, self.lengths = list(paths), list(lengths)
-        self.max_open = max_open or max_open_shards()
-        self._open: OrderedDict[int, np.memmap] = OrderedDict()
+
+class ShardFiles(Sequence):
+    """The shards of a split, each opened when the split is loaded and kept open to the end: a run reads the files
+    it started with to its end, whatever is renamed over their paths meanwhile (a corpus prepared again with
+    ``data.prepare --overwrite``, which writes new files and renames them; the old ones live on, unnamed, until the
+    run closes them).
+
+    An open shard holds a file descriptor, and so does each memory map of one: a split uses at most
+    ``open_files`` of them (default a quarter of the process's limit, ``ulimit -n``), of which a quarter, and at
+    most 64, go to maps of the shards last read (the least recently read map is closed first). A split of more
+    shards than the rest keeps its first shards open and opens the others when read, by their path: one that is no
+    longer the file it was at the start stops the run (:class:`ShardChanged`) rather than feed it other tokens."""
+
+    def __init__(self, paths: list[Path], open_files: int | None = None) -> None:
+        self.paths = list(paths)
+        open_files = open_files or open_files_per_split()
+        self.max_open = max(1, min(64, open_files // 4))
+        held_at_most = max(1, open_files - self.max_open)
+        self.lengths, self.identities, held = [], [], []
+        self._finalizer = weakref.finalize(self, _close_all, held)
+        for path in self.paths:
+            descriptor, num_tokens, status = open_shard(path)
+            self.lengths.append(num_tokens)
+            self.identities.append(_identity(status))
+            if len(held) < held_at_most:
+                held.append(descriptor)
+            else:
+                os.close(descriptor)
+        self._held = held
+        self._open: OrderedDict[int, np.ndarray] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, index: int) -> np.memmap:
+    def __getitem__(self, index: int) -> np.ndarray:
         index = range(len(self.paths))[index]  # negative indices count from the end; past it: IndexError
         if index in self._open:
             self._open.move_to_end(index)
             return self._open[index]
         if len(self._open) >= self.max_open:
             self._open.popitem(last=False)
-        shard = self._open[index] = read_shard(self.paths[index])
+        shard = self._open[index] = self._map(index)
         return shard
 
+    def _map(self, index: int) -> np.ndarray:
+        path = self.paths[index]
+        if index < len(self._held):
+            return map_tokens(path, self._held[index], self.lengths[index])
+        with opened_shard(path) as (descriptor, num_tokens, status):
+            if _identity(status) != self.identities[index]:
+                raise ShardChanged(
+                    f"{path} is no longer the file this run opened at its start (its corpus was prepared again or "
+                    "replaced): the run stops rather than train on other tokens than its records name. Put that "
+                    "corpus back and resume the run, or start a new run on the new one; a run keeps every shard "
+                    f"open, undisturbed by such a change, where a quarter of its open-file limit holds them: "
+                    f"`ulimit -n {4 * (len(self.paths) + 64)}` in the job script")
+            return map_tokens(path, descriptor, num_tokens)
 
-def max_open_shards() -> int:
-    """How many shards a split keeps mapped: a quarter of the open-file limit, leaving room for the other split
-    and everything else the process opens, and at most 64."""
+
+class ShardChanged(ShardError):
+    """A shard that a running split reopened by its path is another file than the one it opened at its start."""
+
+
+def _identity(status: os.stat_result) -> tuple[int, ...]:
+    """What tells a file from another put at its path since (a rename writes a new inode; its time tells a reused
+    inode number apart)."""
+    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
+
+
+def _close_all(descriptors: list[int]) -> None:
+    for descriptor in descriptors:
+        os.close(descriptor)
+
+
+def open_files_per_split() -> int:
+    """How many file descriptors a split may use: a quarter of the open-file limit, leaving room for the other split
+    and everything else the process opens."""
     soft_limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return max(1, min(64, soft_limit // 4)) if soft_limit != resource.RLIM_INFINITY else 64
+    return max(2, soft_limit // 4) if soft_limit != resource.RLIM_INFINITY else 65536
 
 
 @contextlib.contextmanager
@@ -148,10 +245,7 @@ def too_many_open_files() -> str:
 
 def write_manifest(directory: str | os.PathLike, manifest: dict) -> None:
     """Write ``manifest.json`` into ``directory`` atomically."""
-    path = Path(directory) / MANIFEST_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_atomically(Path(directory) / MANIFEST_FILE, (json.dumps(manifest, indent=1) + "\n").encode())
 
 
 def read_manifest(directory: str | os.PathLike) -> dict | None:

@@ -12,6 +12,11 @@ from training.checkpoint import (CHECKPOINT_NAME, CheckpointReadError, CorruptCh
                                  checkpoint_dir, checkpoint_step, latest_checkpoint, load_checkpoint)
 from training.metrics import read_metrics
 
+# How often a reader lists a live run's checkpoints again when the newest was deleted before it was read (the run's
+# pruning to train.keep_checkpoints, having saved a newer one) before it gives up: a checkpoint lives at least a
+# checkpoint interval, so a second reading is seldom cut short too.
+LIVE_RUN_READS = 5
+
 
 def load_model(checkpoint: Path, device: torch.device = torch.device("cpu")) -> tuple[GPT, Path]:
     """The GPT of a train.py checkpoint file or run directory (its newest loadable one), on ``device`` in eval
@@ -22,7 +27,7 @@ def load_model(checkpoint: Path, device: torch.device = torch.device("cpu")) -> 
                                 "checkpoints/ckpt_*.pt files")
     if checkpoint.is_dir():
         try:
-            found = latest_checkpoint(checkpoint, device)
+            found = newest_checkpoint(checkpoint, device)
         except UnreadableCheckpoints:
             raise ValueError(f"none of the checkpoints in {checkpoint_dir(checkpoint)} can be read: pass a "
                              "readable checkpoint file instead") from None
@@ -38,9 +43,27 @@ def load_model(checkpoint: Path, device: torch.device = torch.device("cpu")) -> 
             state = load_checkpoint(checkpoint, device)
         except CorruptCheckpoint as err:
             raise ValueError(" ".join(str(err).split())) from None  # our own message: whole, its advice is last
+        except FileNotFoundError:
+            raise ValueError(f"{checkpoint} was deleted while it was read (a live run keeps its newest "
+                             "train.keep_checkpoints): pass the run directory for its newest checkpoint, or a copy "
+                             "of the file") from None
         except OSError as err:
             raise ValueError(f"could not read {checkpoint}: {_one_line(err)}") from None
     return gpt_from_state(state, checkpoint).to(device), checkpoint
+
+
+def newest_checkpoint(run_dir: Path, device: torch.device) -> tuple[Path, dict] | None:
+    """The run's newest loadable checkpoint (``latest_checkpoint``), read again from the newer one where the run,
+    still training, deleted it between listing and reading it: it had written a newer one."""
+    for _ in range(LIVE_RUN_READS):
+        try:
+            return latest_checkpoint(run_dir, device)
+        except CheckpointReadError as err:
+            if not isinstance(err.__cause__, FileNotFoundError):  # a fault of the file system, not the run's pruning
+                raise
+    raise ValueError(f"the run in {run_dir} deleted its newest checkpoint while it was read, {LIVE_RUN_READS} times "
+                     "(each time writing a newer one: a live run keeps its newest train.keep_checkpoints): try "
+                     "again, or pass a copy of one of its checkpoints/ckpt_*.pt files")
 
 
 def checkpoint_source(checkpoint: Path) -> dict:

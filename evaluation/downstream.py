@@ -8,9 +8,9 @@ OpenBookQA, PIQA, WinoGrande, MMLU, SciQ). lm_eval fetches those from the Huggin
 reads its cache): they need network once. Local tasks (an lm_eval task YAML with local data files) run offline:
 ``--include-path DIR --tasks <name>``. Writes, in ``--out`` (default: ``<run dir>/downstream``): the exported
 model (``hf/``), lm_eval's raw results (``results.json``) and a markdown table of ours beside the authors'
-(``table.md``).
+(``table.md``). Every task's data is loaded before anything is written: without network (or its cache), the
+command stops with one line and ``--out`` as it was.
 """
-import argparse
 import json
 import logging
 from pathlib import Path
@@ -18,6 +18,8 @@ from pathlib import Path
 from configs.models import GPT2_SHAPES
 from evaluation.authors_downstream import RESULTS as AUTHORS_RESULTS
 from evaluation.authors_downstream import TASKS as PAPER_TASKS
+from reporting import arguments
+from training.atomic import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +31,8 @@ def run_dir_of(checkpoint: Path) -> Path:
     return checkpoint if checkpoint.is_dir() else checkpoint.parent.parent
 
 
-def evaluate(hf_dir: Path, tasks: list[str], *, batch_size: int = 8, device: str = "cpu", dtype: str = "float32",
-             limit: int | float | None = None, num_fewshot: int | None = None,
-             include_path: Path | None = None) -> dict:
-    """lm_eval's results for the exported model in ``hf_dir`` (its ``results`` dict: task -> metric -> value)."""
-    import lm_eval
+def task_manager_for(tasks: list[str], include_path: Path | None = None):
+    """lm_eval's ``TaskManager`` of its own tasks and those in ``include_path``, which must know each of ``tasks``."""
     from lm_eval.tasks import TaskManager
 
     task_manager = TaskManager(include_path=str(include_path) if include_path else None)
@@ -41,6 +40,33 @@ def evaluate(hf_dir: Path, tasks: list[str], *, batch_size: int = 8, device: str
     if unknown:
         raise ValueError(f"lm_eval knows no task {', '.join(unknown)}: check the names (python -m lm_eval ls tasks), "
                          "or pass --include-path for a local task YAML")
+    return task_manager
+
+
+def check_task_data(tasks: list[str], task_manager) -> None:
+    """Load each task's data as lm_eval will (the Hub's tasks are downloaded on first use, then read from the
+    cache), so that a missing network stops the command before it writes anything; the evaluation reads it again,
+    from the cache."""
+    from lm_eval.tasks import get_task_dict
+
+    for task in tasks:
+        try:
+            if hasattr(task_manager, "load"):  # lm_eval's 2026 task manager, which deprecated get_task_dict
+                task_manager.load(task)
+            else:
+                get_task_dict([task], task_manager)
+        except ConnectionError as err:
+            raise ValueError(f"lm_eval could not fetch the data of task {task} ({' '.join(str(err).split())}): the "
+                             "Hub's tasks need network once (lm_eval caches their data; later runs read the cache, "
+                             "offline too with HF_DATASETS_OFFLINE=1), or score a local task offline with "
+                             "--include-path DIR --tasks NAME; nothing was written") from None
+
+
+def evaluate(hf_dir: Path, tasks: list[str], task_manager, *, batch_size: int = 8, device: str = "cpu",
+             dtype: str = "float32", limit: int | float | None = None, num_fewshot: int | None = None) -> dict:
+    """lm_eval's results for the exported model in ``hf_dir`` (its ``results`` dict: task -> metric -> value)."""
+    import lm_eval
+
     return lm_eval.simple_evaluate(
         model="hf", model_args={"pretrained": str(hf_dir), "dtype": dtype}, tasks=tasks, batch_size=batch_size,
         device=device, limit=limit, num_fewshot=num_fewshot, task_manager=task_manager, log_samples=False,
@@ -82,46 +108,65 @@ def format_cell(value: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m evaluation.downstream", description=__doc__.split("\n\n")[0])
+    parser = arguments.OneLineParser(prog="python -m evaluation.downstream", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", type=Path, required=True,
                         help="a checkpoint written by train.py, or a run directory (its newest checkpoint)")
     parser.add_argument("--tasks", default=",".join(PAPER_TASKS), help="comma-separated lm_eval task names")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    parser.add_argument("--batch-size", type=arguments.positive_int, default=8)
+    parser.add_argument("--device", type=arguments.device, default="cpu", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--limit", type=float, help="evaluate the first N documents of each task (a quick run)")
-    parser.add_argument("--num-fewshot", type=int, help="examples in each prompt (default: each task's own, 0)")
-    parser.add_argument("--include-path", type=Path, help="a directory of local lm_eval task YAMLs")
+    parser.add_argument("--limit", type=arguments.positive_float,
+                        help="evaluate the first N documents of each task, or this fraction of them (a quick run)")
+    parser.add_argument("--num-fewshot", type=arguments.non_negative_int,
+                        help="examples in each prompt (default: each task's own, 0)")
+    parser.add_argument("--include-path", type=arguments.existing_directory,
+                        help="a directory of local lm_eval task YAMLs")
     parser.add_argument("--out", type=Path, help="output directory (default: <run dir>/downstream)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     tasks = [task.strip() for task in args.tasks.split(",") if task.strip()]
+    if not tasks:
+        parser.error(f"argument --tasks: names no task in {args.tasks!r}: give comma-separated lm_eval task names")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     out = args.out or run_dir_of(args.checkpoint) / "downstream"
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
-    from evaluation.export_hf import export  # imports transformers: seconds, so not for model_size's readers
+    # torch and transformers take seconds to import: not for the readers of model_size and markdown_table
+    from evaluation.checkpoints import checkpoint_source, load_model
+    from evaluation.export_hf import save_hf
 
     try:
+        model, checkpoint = load_model(args.checkpoint)
+        task_manager = task_manager_for(tasks, args.include_path)
+        check_task_data(tasks, task_manager)  # before anything is written: no network leaves --out as it was
         # out/hf is this command's own copy, rewritten by each evaluation
-        hf_dir = export(args.checkpoint, out / "hf", overwrite=True)
-        evaluation = evaluate(hf_dir, tasks, batch_size=args.batch_size, device=args.device, dtype=args.dtype,
-                              limit=limit, num_fewshot=args.num_fewshot, include_path=args.include_path)
+        hf_dir = save_hf(model, out / "hf", checkpoint_source(checkpoint), overwrite=True)
+        evaluation = evaluate(hf_dir, tasks, task_manager, batch_size=args.batch_size, device=str(args.device),
+                              dtype=args.dtype, limit=limit, num_fewshot=args.num_fewshot)
+        model_config = json.loads((hf_dir / "config.json").read_text())
+        size = model_size({"n_layer": model_config["n_layer"], "n_embd": model_config["n_embd"]})
+        table = markdown_table(evaluation["results"], tasks, f"GPT-2 {size}, {args.checkpoint}", size)
+        note = (f"\nAccuracy in %: acc_norm where lm_eval reports it, else acc. lm_eval "
+                f"{evaluation.get('lm_eval_version', '')}, limit {limit}, few-shot "
+                f"{args.num_fewshot if args.num_fewshot is not None else 'task default'}, {args.dtype} on "
+                f"{args.device}. Authors' rows: AGI-Arena/MARS README (FineWeb-Edu), see "
+                "evaluation/authors_downstream.py.\n")
+        write_results(out, evaluation, table + note)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
-    from lm_eval.utils import handle_non_serializable
-
-    (out / "results.json").write_text(json.dumps(evaluation, indent=2, default=handle_non_serializable))
-    model_config = json.loads((hf_dir / "config.json").read_text())
-    size = model_size({"n_layer": model_config["n_layer"], "n_embd": model_config["n_embd"]})
-    label = f"GPT-2 {size}, {args.checkpoint}"
-    table = markdown_table(evaluation["results"], tasks, label, size)
-    note = (f"\nAccuracy in %: acc_norm where lm_eval reports it, else acc. lm_eval {evaluation.get('lm_eval_version', '')}"
-            f", limit {limit}, few-shot {args.num_fewshot if args.num_fewshot is not None else 'task default'}, "
-            f"{args.dtype} on {args.device}. Authors' rows: AGI-Arena/MARS README (FineWeb-Edu), see "
-            "evaluation/authors_downstream.py.\n")
-    (out / "table.md").write_text(table + note)
+    except OSError as err:  # a read-only or full --out
+        raise SystemExit(f"error: could not write {err.filename or out} ({err.strerror or err}): pass a writable "
+                         "--out with space for the model and its results") from None
     print(table + note, end="")
     log.info("wrote %s and %s", out / "results.json", out / "table.md")
 
+
+def write_results(out: Path, evaluation: dict, table: str) -> None:
+    """lm_eval's raw results as ``results.json`` and the table as ``table.md``, each replaced whole."""
+    from lm_eval.utils import handle_non_serializable
+
+    with atomic_file(out / "results.json") as f:
+        f.write(json.dumps(evaluation, indent=2, default=handle_non_serializable))
+    with atomic_file(out / "table.md") as f:
+        f.write(table)
 
 if __name__ == "__main__":
     main()

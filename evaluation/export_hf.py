@@ -45,7 +45,6 @@ The weights are written as they are stored in the checkpoint (float32), whatever
 ``training_source.json`` beside them says where they come from: the checkpoint, its step, and the launches of
 the run that trained it (each with its git commit and the patch of any uncommitted change, as train.py logged).
 """
-import argparse
 import json
 import shutil
 from pathlib import Path
@@ -59,6 +58,8 @@ from transformers.utils.logging import disable_progress_bar
 from data.tokenizer import GPT2_EOT_TOKEN, GPT2_RANKS_FILE
 from evaluation.checkpoints import checkpoint_source, load_model
 from model import GPT, GPTConfig
+from reporting import arguments
+from training.atomic import atomic_directory
 
 LAYER_NORM_EPS = 1e-5  # model/gpt.py LayerNorm.forward
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}  # GPTConfig.activation -> activation_function
@@ -152,7 +153,11 @@ def gpt2_tokenizer(model_max_length: int) -> GPT2Tokenizer:
 def save_hf(model: GPT, out: Path, source: dict | None = None, overwrite: bool = False) -> Path:
     """Write ``model`` and GPT-2's tokenizer to the directory ``out`` (created if needed) in Hugging Face format,
     and ``source`` (:func:`evaluation.checkpoints.checkpoint_source`) as ``SOURCE_FILE`` beside them. A directory
-    that holds anything is refused unless ``overwrite``: its files would be replaced or mixed with the export's."""
+    that holds anything is refused unless ``overwrite``: its files would be replaced or mixed with the export's.
+
+    The files are written aside and moved into ``out`` once all are (``training.atomic.atomic_directory``): an
+    export interrupted or failed on the way (Ctrl-C, a full disk) leaves ``out`` as it was, never a model without
+    its tokenizer or its source."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file: pass a directory (it is created if it does not exist)")
@@ -162,13 +167,13 @@ def save_hf(model: GPT, out: Path, source: dict | None = None, overwrite: bool =
                          f"{f' and {len(held) - 1} more' if len(held) > 1 else ''}): pass a new or empty directory, "
                          "or --overwrite to write the export over what it holds")
     exported = hf_model(model)  # before writing anything: a config HF cannot express leaves no half export
-    out.mkdir(parents=True, exist_ok=True)
-    exported.save_pretrained(out)
-    gpt2_tokenizer(model.config.block_size).save_pretrained(out)
-    for weights in out.glob("*.safetensors"):  # safetensors creates its files 0600, whatever the umask
-        shutil.copymode(out / "config.json", weights)
-    if source is not None:
-        (out / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
+    with atomic_directory(out) as staging:
+        exported.save_pretrained(staging)
+        gpt2_tokenizer(model.config.block_size).save_pretrained(staging)
+        for weights in staging.glob("*.safetensors"):  # safetensors creates its files 0600, whatever the umask
+            shutil.copymode(staging / "config.json", weights)
+        if source is not None:
+            (staging / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
     return out
 
 
@@ -178,8 +183,8 @@ def export(checkpoint: Path, out: Path, overwrite: bool = False) -> Path:
     return save_hf(model, out, checkpoint_source(checkpoint), overwrite)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m evaluation.export_hf", description=__doc__.split("\n\n")[0])
+def _parser() -> arguments.OneLineParser:
+    parser = arguments.OneLineParser(prog="python -m evaluation.export_hf", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", type=Path, required=True,
                         help="a checkpoint written by train.py, or a run directory (its newest checkpoint)")
     parser.add_argument("--out", type=Path, required=True, help="directory to write the Hugging Face model to")
@@ -198,6 +203,9 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as err:  # a read-only or full --out
         raise SystemExit(f"error: could not write {err.filename or args.out} ({err.strerror or err}): pass a "
                          "writable --out with space for the model") from None
+    except KeyboardInterrupt:
+        raise SystemExit(f"error: interrupted: nothing was written to {args.out} (an export appears whole or not "
+                         "at all); run the command again to export") from None
     print(json.dumps({"checkpoint": str(checkpoint), "out": str(out)}))
 
 

@@ -7,7 +7,6 @@ nanoGPT score it (the scorer, shared with the training loop, and how it scores: 
 into the data cache (``$MARS_DATA_CACHE/hellaswag`` or ``~/.cache/mars-gpt2/hellaswag``); nothing is downloaded
 otherwise.
 """
-import argparse
 import contextlib
 import json
 import os
@@ -16,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from evaluation.checkpoints import load_model
+from reporting import arguments
 from training.hellaswag import VAL_URL, Item, correct_counts, default_val_path, load_items
 
 
@@ -41,22 +41,23 @@ def evaluate_hellaswag(model, items: list[Item], device, autocast=contextlib.nul
     return {"acc": correct / len(items), "acc_norm": correct_norm / len(items), "items": len(items)}
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m evaluation.hellaswag", description=__doc__.split("\n\n")[0])
+def _parser() -> arguments.OneLineParser:
+    parser = arguments.OneLineParser(prog="python -m evaluation.hellaswag", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", type=Path, required=True,
                         help="a checkpoint written by train.py, or a run directory (its newest checkpoint)")
     parser.add_argument("--data", type=Path, help=f"HellaSwag JSONL file (default: {default_val_path()})")
-    parser.add_argument("--limit", type=int, help="evaluate the first N items only")
+    parser.add_argument("--limit", type=arguments.positive_int, help="evaluate the first N items only")
     parser.add_argument("--download", action="store_true",
                         help="fetch the official validation file into the data cache if it is not there")
-    parser.add_argument("--batch-size", type=int, default=16, help="items per forward pass (4 sequences each)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--batch-size", type=arguments.positive_int, default=16,
+                        help="items per forward pass (4 sequences each)")
+    parser.add_argument("--device", type=arguments.device, default="auto", help="auto, cpu, cuda or cuda:N")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     from configs.schema import Precision
-    from training.runtime import autocast_context, resolve_device, resolve_dtype
+    from training.runtime import autocast_context, resolve_dtype
 
     args = _parser().parse_args(argv)
     try:
@@ -66,10 +67,9 @@ def main(argv: list[str] | None = None) -> None:
                 raise FileNotFoundError(f"{data} does not exist: pass --download to fetch the validation file "
                                         "(needs network), or --data FILE")
             download_val(data)
-        device = resolve_device(args.device)
-        model, checkpoint = load_model(args.checkpoint, device)
-        autocast = autocast_context(device, resolve_dtype(Precision.auto, device))
-        scores = evaluate_hellaswag(model, load_items(data, args.limit), device, autocast, args.batch_size,
+        model, checkpoint = load_model(args.checkpoint, args.device)
+        autocast = autocast_context(args.device, resolve_dtype(Precision.auto, args.device))
+        scores = evaluate_hellaswag(model, load_items(data, args.limit), args.device, autocast, args.batch_size,
                                     max_length=model.config.block_size)
     except (ValueError, FileNotFoundError, ConnectionError) as err:
         raise SystemExit(f"error: {err}") from None

@@ -6,8 +6,8 @@
 The same seed gives the same text on the same device (PyTorch's random streams differ between CPU and CUDA).
 Only GPT-2's 50,257 real tokens are drawn: the rows that pad the vocabulary to 50,304 are never sampled.
 """
-import argparse
 import contextlib
+import math
 import sys
 from pathlib import Path
 
@@ -16,6 +16,7 @@ import torch
 from configs.schema import Precision
 from data.tokenizer import GPT2_EOT_TOKEN, GPT2_VOCAB_SIZE, gpt2_encoding
 from evaluation.checkpoints import load_model
+from reporting import arguments
 from training.runtime import autocast_context, resolve_device, resolve_dtype
 
 
@@ -27,8 +28,10 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
     ``temperature`` 0 takes the most likely token (greedy); ``top_k`` keeps the k most likely before sampling.
     The context is cropped to the model's last ``block_size`` tokens.
     """
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     block_size = model.config.block_size
@@ -51,8 +54,10 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
 
 
 def sample(checkpoint: Path, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None, seed: int,
-           num_samples: int = 1, device: str = "auto") -> list[str]:
+           num_samples: int = 1, device: str | torch.device = "auto") -> list[str]:
     """``num_samples`` continuations of ``prompt`` (an empty prompt starts from <|endoftext|>), prompt included."""
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     device = resolve_device(device)
     model, _ = load_model(Path(checkpoint), device)
     encoding = gpt2_encoding()
@@ -65,16 +70,18 @@ def sample(checkpoint: Path, prompt: str, max_new_tokens: int, temperature: floa
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m evaluation.sample", description=__doc__.split("\n\n")[0])
+    parser = arguments.OneLineParser(prog="python -m evaluation.sample", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", type=Path, required=True,
                         help="a checkpoint written by train.py, or a run directory (its newest checkpoint)")
     parser.add_argument("--prompt", default="", help="text to continue (default: start from <|endoftext|>)")
-    parser.add_argument("--max-new-tokens", type=int, default=100)
-    parser.add_argument("--temperature", type=float, default=0.8, help="0: always the most likely token")
-    parser.add_argument("--top-k", type=int, default=200, help="sample among the k most likely tokens (0: all)")
-    parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument("--num-samples", type=int, default=1)
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=100)
+    parser.add_argument("--temperature", type=arguments.non_negative_float, default=0.8,
+                        help="0: always the most likely token")
+    parser.add_argument("--top-k", type=arguments.non_negative_int, default=200,
+                        help="sample among the k most likely tokens (0: all)")
+    parser.add_argument("--seed", type=arguments.seed, default=1337)
+    parser.add_argument("--num-samples", type=arguments.positive_int, default=1)
+    parser.add_argument("--device", type=arguments.device, default="auto", help="auto, cpu, cuda, cuda:N")
     args = parser.parse_args(argv)
     try:
         texts = sample(args.checkpoint, args.prompt, args.max_new_tokens, args.temperature, args.top_k or None,

@@ -550,6 +550,13 @@ class LookaheadGradient:
     makes the stash (``previous_grad``) the remembered gradient (``last_grad``) of the tensors of
     ``CORRECTED_RULES``. The approximate scheme remembers the step's own gradient instead: there the stash is a
     no-op and the loop is the usual one.
+
+    Between steps ``previous_grad`` is ``last_grad``, one buffer under both names. A stash fills a buffer of its
+    own (the one that the last promotion freed) and names it ``previous_grad``, so that a stash no step takes (a
+    step the trainer skips for a non-finite gradient) can be dropped, the state left as it was before it:
+    :meth:`discard_lookahead_grad`. Two buffers a tensor, as a stash copied into ``previous_grad`` would take.
+    This bookkeeping runs eagerly within a compiled step too (``torch.compiler.disable``): a traced step's writes
+    to the optimizer's own attributes are not replayed, and a promoted stash would stay listed as pending.
     """
 
     CORRECTED_RULES: tuple[str, ...] = ()
@@ -557,7 +564,8 @@ class LookaheadGradient:
     def __init__(self, params, defaults: dict[str, Any], *, is_approx: bool, **options: Any):
         check_flags(is_approx=is_approx)
         self._lookahead_stashed = False
-        self._stashed_states: list[dict] = []  # states whose previous_grad was stashed since the last step
+        # Each tensor stashed since the last step: (the tensor, its state, the state's previous_grad before the stash).
+        self._stashed: list[tuple[Tensor, dict, Tensor | None]] = []
         super().__init__(params, defaults, is_approx=is_approx, **options)
 
     @property
@@ -565,37 +573,65 @@ class LookaheadGradient:
         """True in the exact scheme: call ``stash_lookahead_grad()`` before every ``step()``."""
         return not self.is_approx
 
+    @torch.compiler.disable
     @torch.no_grad()
     def stash_lookahead_grad(self) -> None:
         """Exact scheme: remember ``p.grad`` (the next batch at the current parameters) of every tensor whose rule
         corrects its gradient, for the next step. A no-op in the approximate scheme, as the authors'
-        ``update_previous_grad``."""
+        ``update_previous_grad``. A second stash before a step replaces the first."""
         if self.is_approx:
             return
+        self.discard_lookahead_grad()
         params = [param for group in self.param_groups for param in group["params"]
                   if param.grad is not None and self._rule(param, group) in self.CORRECTED_RULES]
-        self._stashed_states = self._states(params)
-        stashes = state_buffers(params, self._stashed_states, "previous_grad")
+        states = self._states(params)
+        # Held with their states (_freed_buffers), whose ids no other object can take meanwhile.
+        freed = {id(state): buffer for state, buffer in self.__dict__.pop("_freed_buffers", [])}
+        stashes = [freed.get(id(state)) for state in states]
+        stashes = [state_zeros_like(param) if stash is None else stash for param, stash in zip(params, stashes)]
+        self._stashed = [(param, state, state.get("previous_grad")) for param, state in zip(params, states)]
+        for state, stash in zip(states, stashes):
+            state["previous_grad"] = stash
         if params:
             torch._foreach_copy_(stashes, [param.grad for param in params])
         self._lookahead_stashed = True
 
     update_previous_grad = stash_lookahead_grad  # the authors' name
 
+    @torch.compiler.disable
+    @torch.no_grad()
+    def discard_lookahead_grad(self) -> None:
+        """Drop the stash that no step took (the trainer skips a step whose loss or gradients are not finite): the
+        state is again what it was before :meth:`stash_lookahead_grad`, and the next step needs a stash of its own.
+        Without a stash, nothing changes."""
+        freed = self.__dict__.setdefault("_freed_buffers", [])
+        for param, state, before in self._stashed:
+            stash = state.pop("previous_grad")
+            if before is not None:
+                state["previous_grad"] = before
+            elif not state:  # the stash gave the tensor its first state
+                del self.state[param]
+                continue
+            freed.append((state, stash))
+        self._stashed = []
+        self._lookahead_stashed = False
+
+    @torch.compiler.disable
     @torch.no_grad()
     def update_last_grad(self) -> None:
         """Exact scheme: make the stash the remembered gradient. ``step()`` already does it; again, it does nothing.
 
-        The stashed buffers are swapped in rather than copied: the same values, one read and one write of every
-        tensor fewer. The buffer swapped out holds a stale gradient until the next stash overwrites it; only
-        tensors stashed since the last promotion take part.
+        The stash is named ``last_grad`` rather than copied there: the same values, one read and one write of every
+        tensor fewer. The buffer that ``last_grad`` named is kept for the next stash; only tensors stashed since the
+        last promotion take part.
         """
-        for state in self._stashed_states:
-            if "last_grad" in state:
-                state["last_grad"], state["previous_grad"] = state["previous_grad"], state["last_grad"]
-            else:
-                state["last_grad"] = state["previous_grad"].clone()
-        self._stashed_states = []
+        freed = self.__dict__.setdefault("_freed_buffers", [])
+        for _, state, _ in self._stashed:
+            remembered = state.get("last_grad")
+            state["last_grad"] = state["previous_grad"]
+            if remembered is not None:
+                freed.append((state, remembered))
+        self._stashed = []
 
     def step(self, closure=None):
         """The optimizer's step; in the exact scheme after a stash, which it then promotes."""
@@ -611,15 +647,23 @@ class LookaheadGradient:
         return loss
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load as torch does; a stash taken before belongs to the state that the loaded one replaces."""
+        """Load as torch does; a stash taken before belongs to the state that the loaded one replaces. A loaded
+        ``previous_grad`` equal to ``last_grad`` (what a step leaves, loaded as two tensors where the load moved or
+        cast them) becomes that one buffer again."""
         super().load_state_dict(state_dict)
         self._lookahead_stashed = False
-        self._stashed_states = []
+        self._stashed = []
+        self.__dict__.pop("_freed_buffers", None)
+        for state in self.state.values():
+            remembered, stash = state.get("last_grad"), state.get("previous_grad")
+            if stash is not None and remembered is not None and stash is not remembered:
+                if torch.equal(stash, remembered):
+                    state["previous_grad"] = remembered
 
     def __getstate__(self) -> dict[str, Any]:
-        # A stashed look-ahead gradient survives a copy or pickle (pickle keeps the states it names shared).
-        return {**super().__getstate__(), "_lookahead_stashed": self._lookahead_stashed,
-                "_stashed_states": self._stashed_states}
+        # A stashed look-ahead gradient survives a copy or pickle (pickle keeps the states it names shared); the
+        # freed buffers are left behind, a copy's first stash makes its own.
+        return {**super().__getstate__(), "_lookahead_stashed": self._lookahead_stashed, "_stashed": self._stashed}
 
 
 def _reference_mars_group_step(

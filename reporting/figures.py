@@ -6,6 +6,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from reporting.arguments import OneLineParser
 from reporting.run_selection import load_runs
 
 
@@ -17,7 +18,7 @@ def plot_command(prog: str, doc: str, default_out: str, plot: Callable[..., list
     ``add_options`` adds the script's own options, which reach ``plot`` as keyword arguments.
     """
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+    parser = OneLineParser(prog=prog, description=doc.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="run directories or glob patterns (quote them)")
     parser.add_argument("--out", type=Path, default=Path(default_out), help="directory for the PNG files")
     if add_options:

@@ -161,3 +161,11 @@ def display_model(model: str) -> str:
 
 def display_optimizer(optimizer: str) -> str:
     return OPTIMIZER_NAMES.get(optimizer, optimizer)
+
+
+def other_learning_rates(optimizer_cfg: dict) -> dict[str, float]:
+    """The configured rates of the optimizer's parts beside ``lr`` (its schema's ``proportional_lrs`` and
+    ``part_lrs``: MARS's lr_1d, Muon's adamw_lr), by key."""
+    entry = OPTIMIZERS.get(optimizer_cfg["name"])
+    keys = (*entry.schema.proportional_lrs, *entry.schema.part_lrs) if entry else ()
+    return {key: optimizer_cfg[key] for key in keys if key in optimizer_cfg}

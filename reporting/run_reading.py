@@ -30,6 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from configs.compose import register_configs
 from configs.registry import OPTIMIZERS
+from configs.resolvers import resolved_container
 from configs.schema import DataConfig, ModelConfig, TrainConfig
 from reporting.run_labels import code_label, corpus_of, model_label, nominal_tokens, optimizer_label, without_defaults
 from training.metrics import METRICS_FILE, read_metrics
@@ -202,9 +203,9 @@ def read_failure(run_dir: Path) -> dict | None:
 
 
 def read_saved_config(path: Path) -> dict:
-    """The config train.py saved in ``.hydra/config.yaml``, checked to hold the sections the labels come from."""
+    """The config train.py saved in ``.hydra/config.yaml``, resolved, checked to hold the sections labels come from."""
     try:
-        cfg = OmegaConf.to_container(OmegaConf.load(path))
+        cfg = resolved_container(OmegaConf.load(path))
     except OSError as err:
         raise UnreadableRun(f"{path} cannot be read ({err.strerror})") from None
     except (yaml.YAMLError, ValueError, OmegaConfBaseException) as err:  # ValueError: undecodable bytes

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from reporting import arguments
 from reporting.bench_report import run_record, write_report
 from scripts.check_trainer_against_authors import (REPO_ROOT, RUNNER, Corpus, authors_trainers_parser, free_port,
                                                    write_corpora)
@@ -146,10 +147,11 @@ def markdown_table(timings: dict[str, dict]) -> str:
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = authors_trainers_parser("scripts.bench_authors_trainers", __doc__, FAMILY_NAMES)
-    parser.add_argument("--skip", type=int, default=10, help="first iterations left out of the medians (compiling)")
+    parser.add_argument("--skip", type=arguments.non_negative_int, default=10,
+                        help="first iterations left out of the medians (compiling)")
     args = parser.parse_args(argv)
-    if args.skip < 0 or args.steps <= args.skip:
-        parser.error("--steps must exceed --skip, and --skip must be >= 0")
+    if args.steps <= args.skip:
+        parser.error(f"argument --steps: must exceed --skip ({args.skip}), not {args.steps}")
     return args
 
 

@@ -10,7 +10,6 @@ a .jsonl file, is prepared end to end (streamed read, tokenization, shard writin
 workers. Prints markdown tables and writes them with the command, CPU and date to
 ``results/bench_data_cpu.md``.
 """
-import argparse
 import json
 import os
 import statistics
@@ -27,6 +26,7 @@ from data.loader import TokenBatches, load_split
 from data.prepare import files_source, prepare
 from data.shards import write_shard
 from data.tokenizer import GPT2_VOCAB_SIZE
+from reporting import arguments
 from reporting.bench_report import run_record, write_report
 
 
@@ -56,17 +56,19 @@ def bench_prepare(work: Path, copies: int, workers: int) -> tuple[int, float]:
     return sum(manifest["tokens"].values()), time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", type=int, default=40_000_000, help="synthetic tokens for the loader bench")
-    parser.add_argument("--shards", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--block-size", type=int, default=1024)
-    parser.add_argument("--batches", type=int, default=500, help="batches per timed round")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--copies", type=int, default=4, help="copies of the embedded corpus to prepare")
+def main(argv: list[str] | None = None) -> None:
+    parser = arguments.OneLineParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=arguments.positive_int, default=40_000_000,
+                        help="synthetic tokens for the loader bench")
+    parser.add_argument("--shards", type=arguments.positive_int, default=4)
+    parser.add_argument("--batch-size", type=arguments.positive_int, default=16)
+    parser.add_argument("--block-size", type=arguments.positive_int, default=1024)
+    parser.add_argument("--batches", type=arguments.positive_int, default=500, help="batches per timed round")
+    parser.add_argument("--rounds", type=arguments.positive_int, default=5)
+    parser.add_argument("--copies", type=arguments.positive_int, default=4,
+                        help="copies of the embedded corpus to prepare")
     parser.add_argument("--output-dir", type=Path, default=Path("results"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     rng = np.random.default_rng(0)
     loader_rows, prepare_rows = [], []
@@ -88,7 +90,7 @@ def main() -> None:
                               "|---|---:|---:|", *loader_rows])
     prepare_table = "\n".join(["| workers | tokens | seconds | tokens/s | tokens/s per worker |",
                                "|---:|---:|---:|---:|---:|", *prepare_rows])
-    record = run_record("bench_data", None, torch.device("cpu"), tokens=args.tokens, shards=args.shards,
+    record = run_record("bench_data", argv, torch.device("cpu"), tokens=args.tokens, shards=args.shards,
                         copies=args.copies, loader=loader_rows, prepare=prepare_rows)
     write_report(args.output_dir, "bench_data_cpu", "Data path on the CPU", record,
                  f"## Loader ({args.tokens:,} synthetic tokens in {args.shards} page-cached shards, no device copy)\n\n"

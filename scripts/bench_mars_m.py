@@ -25,6 +25,7 @@ from unittest import mock
 import torch
 
 from mars import MarsM, MarsMEfficient, Moonlight, Muon, mars_m, muon
+from reporting import arguments
 from reporting.bench_report import run_record, write_report
 from scripts.bench_optimizer import gpt2_shapes, make_params, make_timer, step_of
 
@@ -91,22 +92,23 @@ def markdown_table(times: dict[str, dict[str, dict[str, list[float]]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser = arguments.OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", type=arguments.device, default="auto", help="auto (cuda where there is one), cpu, "
+                        "cuda, cuda:N")
     parser.add_argument("--model-size", choices=("small", "medium", "large", "xl"), default="small")
     parser.add_argument("--ns-dtype", choices=sorted(DTYPES), help="default: bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--optimizers", nargs="+", choices=list(OPTIMIZERS), default=list(OPTIMIZERS))
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="'whole step' includes Newton-Schulz: ~15 s a step for GPT-2 small on 2 CPU cores")
-    parser.add_argument("--reps", type=int, default=5, help="timed steps per optimizer, path and part (median)")
-    parser.add_argument("--step-reps", type=int, help="timed whole steps instead (default: --reps)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first, per optimizer, path and part")
+    parser.add_argument("--reps", type=arguments.positive_int, default=5,
+                        help="timed steps per optimizer, path and part (median)")
+    parser.add_argument("--step-reps", type=arguments.positive_int, help="timed whole steps instead (default: --reps)")
+    parser.add_argument("--warmup", type=arguments.non_negative_int, default=1,
+                        help="untimed steps first, per optimizer, path and part")
     parser.add_argument("--output-dir", type=Path, default=Path("results"))
     args = parser.parse_args(argv)
     step_reps = args.reps if args.step_reps is None else args.step_reps
-    if min(args.reps, step_reps) < 1:
-        parser.error("--reps and --step-reps must be >= 1")
-    device = torch.device(args.device)
+    device = args.device
     ns_dtype = args.ns_dtype or ("bfloat16" if device.type == "cuda" else "float32")
     reps = {part: step_reps if part == "whole step" else args.reps for part in PARTS if part in args.parts}
     torch.manual_seed(0)

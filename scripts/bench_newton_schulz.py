@@ -36,6 +36,7 @@ from torch.profiler import ProfilerActivity
 
 from mars.cuda_graph import CapturedLists
 from mars.newton_schulz import NS_FORMS, assign_owners, newton_schulz5, newton_schulz_flops, orthogonalise
+from reporting import arguments
 from reporting.bench_report import run_record, write_report
 from scripts.bench_optimizer import gpt2_shapes, make_timer
 
@@ -167,18 +168,19 @@ def synchronize(device: torch.device) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser = arguments.OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", type=arguments.device, default="auto", help="auto (cuda where there is one), cpu, "
+                        "cuda, cuda:N")
     parser.add_argument("--model-size", choices=("small", "medium", "large", "xl"), default="small")
     parser.add_argument("--ns-dtype", choices=sorted(DTYPES), help="default: bfloat16 on CUDA, float32 on CPU")
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=arguments.positive_int, default=5)
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd Newton-Schulz")
     parser.add_argument("--paths", nargs="+", metavar="LABEL", help="time only these paths (labels as in the table)")
     parser.add_argument("--profile", action="store_true",
                         help="also profile one call of each path (torch.profiler): profile_newton_schulz_<device>.md")
     parser.add_argument("--output-dir", type=Path, default=Path("results"))
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
+    device = args.device
     ns_dtype = args.ns_dtype or ("bfloat16" if device.type == "cuda" else "float32")
     dtype = DTYPES[ns_dtype]
     torch.manual_seed(0)

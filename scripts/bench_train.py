@@ -31,6 +31,7 @@ from configs.registry import OPTIMIZERS as REGISTRY
 from configs.schema import COMPILE_MODES, Precision
 from data.loader import build_batches
 from model import GPT, GPTConfig
+from reporting import arguments
 from reporting.bench_report import run_record, write_report
 from training.optimizers import build_optimizer
 from training.runtime import autocast_context, peak_flops, resolve_dtype
@@ -185,21 +186,24 @@ def markdown_table(rows: list[dict], device: torch.device) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser = arguments.OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", type=arguments.device, default="auto", help="auto (cuda where there is one), cpu, "
+                        "cuda, cuda:N")
     parser.add_argument("--model", default="tiny", help="a config in configs/model/ (tiny, gpt2-small, ...)")
     parser.add_argument("--optimizers", nargs="+", choices=sorted(benched_configs()),
                         help="default: every one the device runs (the CUDA graph rows on CUDA only)")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--block-size", type=int, default=128)
+    parser.add_argument("--batch-size", type=arguments.positive_int, default=8)
+    parser.add_argument("--block-size", type=arguments.positive_int, default=128)
     parser.add_argument("--dtype", choices=[p.value for p in Precision], default="auto")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model, as train.compile=true")
     parser.add_argument("--compile-modes", nargs="+", choices=COMPILE_MODES, default=["default"], metavar="MODE",
                         help="with --compile, a row per optimizer and torch.compile mode (train.compile_mode): "
                              f"{', '.join(COMPILE_MODES)}")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per row (median reported)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, state)")
-    parser.add_argument("--loss-chunk-sizes", nargs="+", type=int, default=[0], metavar="N",
+    parser.add_argument("--steps", type=arguments.positive_int, default=10,
+                        help="timed steps per row (median reported)")
+    parser.add_argument("--warmup", type=arguments.non_negative_int, default=3,
+                        help="untimed steps first (compilation, state)")
+    parser.add_argument("--loss-chunk-sizes", nargs="+", type=arguments.non_negative_int, default=[0], metavar="N",
                         help="a row per optimizer and size: 0 the plain loss, N > 0 the chunked loss of N tokens "
                              "a chunk (train.loss_chunk_size)")
     parser.add_argument("--ns-dtype", choices=("bfloat16", "float32"), default="bfloat16",
@@ -210,13 +214,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tag", help="name the files bench_train_<device>_<tag>.{md,json}, so that runs of "
                                       "different rows do not overwrite each other")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0:
-        parser.error("--steps must be >= 1 and --warmup >= 0")
     if args.compile_modes != ["default"] and not args.compile:
         parser.error("--compile-modes are torch.compile's modes: add --compile")
-    if min(args.loss_chunk_sizes) < 0:
-        parser.error("--loss-chunk-sizes must be >= 0 (0: the plain loss)")
-    device = torch.device(args.device)
+    device = args.device
     cuda_only = cuda_only_rows()
     if args.optimizers is None:
         args.optimizers = [label for label in benched_configs() if device.type == "cuda" or label not in cuda_only]

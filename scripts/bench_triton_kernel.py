@@ -9,7 +9,6 @@ path, with float32 parameters, gradients and state. A time is the median of CUDA
 (``BYTES_PER_ELEMENT``) divided by the device-to-device copy bandwidth measured by this script on the same GPU.
 Writes ``results/bench_triton_kernel_<gpu>.{md,json}``.
 """
-import argparse
 import re
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import triton
 from triton.testing import do_bench
 
 from mars import torch_backend, triton_backend
+from reporting import arguments
 from reporting.bench_report import run_record, write_report
 from scripts.bench_optimizer import MODEL_SIZES, gpt2_shapes, make_params
 
@@ -106,13 +106,13 @@ def markdown_table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = arguments.OneLineParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model-sizes", nargs="+", choices=list(MODEL_SIZES), default=list(MODEL_SIZES))
-    parser.add_argument("--block-sizes", nargs="+", type=int, default=[triton_backend.BLOCK_SIZE])
-    parser.add_argument("--num-warps", nargs="+", type=int, default=[triton_backend.NUM_WARPS])
+    parser.add_argument("--block-sizes", nargs="+", type=arguments.positive_int, default=[triton_backend.BLOCK_SIZE])
+    parser.add_argument("--num-warps", nargs="+", type=arguments.positive_int, default=[triton_backend.NUM_WARPS])
     parser.add_argument("--output-dir", type=Path, default=Path("results"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench_triton_kernel times CUDA kernels and needs a CUDA GPU, but torch.cuda.is_available() is "
                  "False here (CPU-only torch build or no visible device); the kernels' CPU check is "
@@ -130,7 +130,7 @@ def main() -> None:
         results[model_size] = {"num_params": num_params, "rows": rows}
         torch.cuda.empty_cache()
 
-    record = run_record("bench_triton_kernel", None, device, triton=triton.__version__,
+    record = run_record("bench_triton_kernel", argv, device, triton=triton.__version__,
                         copy_bandwidth_gb_per_s=bandwidth, bytes_per_element=BYTES_PER_ELEMENT, results=results)
     write_report(args.output_dir, f"bench_triton_kernel_{re.sub(r'[^a-z0-9]+', '_', record['device'].lower())}",
                  "Triton MARS kernels vs the byte floor, one step, float32", record, markdown_table(results),

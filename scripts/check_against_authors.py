@@ -45,6 +45,7 @@ from mars import reference
 from mars.group_steps import LIST_MARS_TYPES
 from mars.optimizer import available_backends
 from model import GPT, GPTConfig
+from reporting import arguments
 from reporting.bench_report import run_record, write_report
 from training.optimizers import build_optimizer
 from training.provenance import checkout_commit
@@ -467,7 +468,7 @@ def setup_notes(authors_dir: Path, commit: str | None, device: torch.device) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m scripts.check_against_authors", description=__doc__,
+    parser = arguments.OneLineParser(prog="python -m scripts.check_against_authors", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--authors-dir", type=Path, required=True, help="a checkout of github.com/AGI-Arena/MARS")
     parser.add_argument("--steps", type=int, default=40, help="steps per variant, compared after each")
@@ -481,7 +482,8 @@ def main(argv: list[str] | None = None) -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here; run on a GPU machine or use --device cpu")
     if args.steps < WARMUP_STEPS + 3:
-        parser.error(f"--steps must be at least {WARMUP_STEPS + 3}: warmup, cosine decay and min_lr each get steps")
+        parser.error(f"argument --steps: must be at least {WARMUP_STEPS + 3}, not {args.steps}: warmup, cosine decay "
+                     "and min_lr each get steps")
     variants = ([next(v for v in VARIANTS if v.name == name) for name in args.only] if args.only
                 else [variant for variant in VARIANTS if runs_on(variant, device)])
     unable = [variant.name for variant in variants if not runs_on(variant, device)]

@@ -38,6 +38,7 @@ import torch
 
 from data.embedded import prepare_embedded
 from data.shards import read_shard, write_shard
+from reporting import arguments
 from reporting.bench_report import run_record, write_report
 from scripts.authors_trainer_runner import PatchError, check_patches
 from training.metrics import read_metrics
@@ -407,15 +408,16 @@ def check_family(family: Family, authors_dir: Path, size: RunSize, corpora: dict
     return compare(ours, theirs)
 
 
-def authors_trainers_parser(module: str, description: str, family_names: tuple[str, ...]) -> argparse.ArgumentParser:
+def authors_trainers_parser(module: str, description: str,
+                            family_names: tuple[str, ...]) -> arguments.OneLineParser:
     """The options of a script that runs the authors' trainers beside ours: their checkout, which families, how many
     steps, where the runs and the report go."""
-    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description,
+    parser = arguments.OneLineParser(prog=f"python -m {module}", description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--authors-dir", type=Path, required=True, help="a checkout of github.com/AGI-Arena/MARS")
     parser.add_argument("--only", nargs="+", choices=family_names, metavar="FAMILY",
                         help=f"these families only (default: all of {', '.join(family_names)})")
-    parser.add_argument("--steps", type=int, default=60, help="training steps of each run")
+    parser.add_argument("--steps", type=arguments.positive_int, default=60, help="training steps of each run")
     parser.add_argument("--work-dir", type=Path, help="where the corpora and runs go (default: a temporary folder, "
                         "removed afterwards)")
     parser.add_argument("--output-dir", type=Path, default=Path("results"))
@@ -424,13 +426,13 @@ def authors_trainers_parser(module: str, description: str, family_names: tuple[s
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = authors_trainers_parser("scripts.check_trainer_against_authors", __doc__, FAMILY_NAMES)
-    parser.add_argument("--eval-interval", type=int, default=20, help="steps between evaluations")
-    parser.add_argument("--eval-iters", type=int, default=4, help="batches per split at each evaluation")
+    parser.add_argument("--eval-interval", type=arguments.positive_int, default=20, help="steps between evaluations")
+    parser.add_argument("--eval-iters", type=arguments.positive_int, default=4,
+                        help="batches per split at each evaluation")
     parser.add_argument("--authors-commit", help="their commit, for a checkout that is not a git work tree")
     args = parser.parse_args(argv)
-    if args.steps <= WARMUP_ITERS or args.eval_interval <= 0 or args.eval_iters <= 0:
-        parser.error(f"--steps must exceed the warmup ({WARMUP_ITERS}); --eval-interval and --eval-iters must be "
-                     "positive")
+    if args.steps <= WARMUP_ITERS:
+        parser.error(f"argument --steps: must exceed the warmup ({WARMUP_ITERS}), not {args.steps}")
     return args
 
 

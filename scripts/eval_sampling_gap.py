@@ -12,7 +12,6 @@ score the same windows, excepted) of fresh minus fixed estimates the second. The
 for every seed (as the authors' are for every run), so the seeds vary the model, not the windows. A finished run
 is not trained again.
 """
-import argparse
 import datetime
 import shlex
 import statistics
@@ -20,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from reporting import arguments
 from training.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,9 +63,9 @@ def gap_table(figures: dict[int, tuple[float, float, float]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m scripts.eval_sampling_gap", description=__doc__.split("\n\n")[0])
+    parser = arguments.OneLineParser(prog="python -m scripts.eval_sampling_gap", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=arguments.positive_int, default=100)
     parser.add_argument("--runs", type=Path, default=Path("/tmp/eval-sampling-gap"))
     parser.add_argument("--out", type=Path, default=REPO / "results" / "eval_sampling_gap_cpu.md")
     parser.add_argument("overrides", nargs="*", help="further train.py overrides (after --)")

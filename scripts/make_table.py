@@ -16,7 +16,9 @@ diverged or failed (``failure.json``) has a row of its own marked failed, with i
 setting with the same seed count once (the table says which it kept and why). With ``--target-loss X``, a third
 table gives the tokens and training time each setting took to reach validation loss X (see
 reporting/target_loss.py). The table is printed and written to ``--out``, by default ``val_loss_table.md`` in the
-deepest directory holding every run and export.
+deepest directory holding every run and export (``val_loss_table_target_X.md`` with ``--target-loss X``, so that
+the two forms, run in turn, keep both tables); a file that was there already is replaced with the line
+``replaced <file>``, never silently.
 
 Two kinds of figure stand at a budget B such as 5B tokens, in rows of their own: that of separate runs configured
 for B (a cosine schedule that ends at B: the presets of that budget), and, in the rows "<optimizer>, within <L>
@@ -40,8 +42,8 @@ from omegaconf import OmegaConf
 
 from configs.registry import OPTIMIZERS
 from reporting.figures import unwritable_output
-from reporting.run_labels import (display_corpus, display_model, display_optimizer, optimizer_order, size_order,
-                                tokens_label)
+from reporting.run_labels import (display_corpus, display_model, display_optimizer, optimizer_order,
+                                other_learning_rates, size_order, tokens_label)
 from reporting.run_reading import Run
 from reporting.run_selection import Setting, find_run_dirs, group_settings, readable_runs, short_name, where_stopped
 from reporting.target_loss import target_table
@@ -69,6 +71,7 @@ PRESET_CORPORA = {"owt": "openwebtext", "fwe": "fineweb-edu"}
 MISSING = "–"
 STOPPED = "*"  # marks a figure that includes runs stopped before their max_iters
 DEFAULT_OUT_NAME = "val_loss_table.md"
+TARGET_OUT_NAME = "val_loss_table_target_{}.md"  # with --target-loss: beside the plain table
 
 log = logging.getLogger(__name__)
 
@@ -224,9 +227,9 @@ def group_order(corpus: str, model: str, budget: float, optimizer: str) -> tuple
 def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
     lines = ["### Every setting (seeds averaged; the best setting of each optimizer is the one in the table above; "
              "within first B: the best validation loss within the first B tokens of these runs)",
-             "", "| corpus | model | tokens | optimizer | lr | gamma | seeds | best val loss | final val loss | sd | "
-             "fixed windows | within first B | runs | code |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+             "", "| corpus | model | tokens | optimizer | lr | gamma | other lrs | seeds | best val loss | "
+             "final val loss | sd | fixed windows | within first B | runs | code |",
+             "|---|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---|---|---|"]
     any_stopped = any_mixed_code = any_failed = any_left_out = False
     for (corpus, model, budget, optimizer), settings in sorted(groups.items(), key=lambda item: group_order(*item[0])):
         budgets = budget_columns(groups, corpus)
@@ -240,7 +243,7 @@ def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
             best = f"{statistics.fmean(losses):.3f}{mark}" if losses else failed_cell(setting)
             finals = setting.final_val_losses
             final = f"{statistics.fmean(finals):.3f}{mark}" if finals else MISSING
-            lr, gamma = number_cell(run.lr), number_cell(run.gamma)
+            lr, gamma, other_lrs = number_cell(run.lr), number_cell(run.gamma), other_lrs_cell(run)
             fixed = setting.mean_best_val_loss_fixed
             fixed = MISSING if fixed is None else f"{fixed:.3f}{mark}"
             within = ", ".join(f"{tokens_label(b)}: {loss:.3f}"
@@ -248,9 +251,13 @@ def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
             names = runs_cell(setting)
             any_mixed_code |= len(setting.code) > 1
             lines.append(f"| {display_corpus(corpus)} | {display_model(model)} | {tokens_label(budget)} | "
-                         f"{display_optimizer(optimizer)} | {lr} | {gamma} | {len(setting.runs)} | {best} | "
-                         f"{final} | {spread} | {fixed} | {within} | {names} | {', '.join(setting.code) or MISSING} |")
-    lines += ["", "best val loss: by each run's procedure (train.eval_sampling; the paper presets: new windows at "
+                         f"{display_optimizer(optimizer)} | {lr} | {gamma} | {other_lrs} | {len(setting.runs)} | "
+                         f"{best} | {final} | {spread} | {fixed} | {within} | {names} | "
+                         f"{', '.join(setting.code) or MISSING} |")
+    lines += ["", "other lrs: the peak rates of the optimizer's other parts (MARS's lr_1d, Muon's adamw_lr), each "
+              "point's own: a sweep of lr leaves them where they are unless it moves them too (docs/sweeps.md, "
+              "\"What a sweep of lr moves\").",
+              "", "best val loss: by each run's procedure (train.eval_sampling; the paper presets: new windows at "
               "every evaluation, as the authors, the figure to compare with the paper), never the step-0 evaluation "
               "of the untrained model; final val loss: the last evaluation's, which shows a late blow-up; fixed "
               "windows: the best on the same windows at every evaluation, which every run scores.",
@@ -278,6 +285,14 @@ def settings_table(groups: dict[tuple, list[Setting]]) -> list[str]:
 
 def number_cell(value: float | None) -> str:
     return MISSING if value is None else f"{value:g}"
+
+
+def other_lrs_cell(run: Run) -> str:
+    """``lr_1d 0.003`` for MARS, ``adamw_lr 0.003`` for Muon: the configured rates beside lr, each point's own (its
+    saved config, resolved); – for none, or a run read from a wandb export."""
+    rates = other_learning_rates(run.config["optimizer"]) if run.config else {}
+    return ", ".join(f"{key} {number_cell(value) if isinstance(value, (int, float)) else value}"
+                     for key, value in rates.items()) or MISSING
 
 
 def failed_cell(setting: Setting) -> str:
@@ -328,12 +343,13 @@ def make_table(runs: list[Run], target_loss: float | None = None, left_out: list
                      + [f"Paper numbers: {PAPER_CITATION}.", ""])
 
 
-def default_out(sources: list[Path]) -> Path:
-    """val_loss_table.md beside the runs: in the deepest directory that holds every run directory and export."""
+def default_out(sources: list[Path], target_loss: float | None = None) -> Path:
+    """val_loss_table.md beside the runs, in the deepest directory that holds every run directory and export; with
+    a target loss X, val_loss_table_target_X.md, which leaves the table without it in place."""
     common = Path(os.path.commonpath([source.resolve().parent for source in sources]))
     if common == Path(common.anchor):
         raise ValueError(f"the runs share no directory below {common}: say where the table goes with --out FILE")
-    return common / DEFAULT_OUT_NAME
+    return common / (DEFAULT_OUT_NAME if target_loss is None else TARGET_OUT_NAME.format(f"{target_loss:g}"))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -343,7 +359,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("runs", nargs="*", help="run directories or glob patterns (quote them)")
     parser.add_argument("--wandb-csv", type=Path, nargs="*", default=[], help="wandb chart exports of val/loss")
     parser.add_argument("--out", type=Path, help=f"markdown file to write (default: {DEFAULT_OUT_NAME} in the "
-                        "deepest directory holding every run and wandb export)")
+                        "deepest directory holding every run and wandb export; with --target-loss X, "
+                        f"{TARGET_OUT_NAME.format('X')}); a file there is replaced, saying so")
     parser.add_argument("--target-loss", type=float, metavar="X", help="also tabulate the tokens and training time "
                         "each setting took to reach validation loss X, and their ratio to the first optimizer's")
     args = parser.parse_args(argv)
@@ -352,17 +369,18 @@ def main(argv: list[str] | None = None) -> None:
         runs, left_out = readable_runs(run_dirs)
         runs += [run for path in args.wandb_csv for run in load_wandb_csv(path)]
         table = make_table(runs, args.target_loss, left_out)
-        out = args.out or default_out([*run_dirs, *args.wandb_csv])
+        out = args.out or default_out([*run_dirs, *args.wandb_csv], args.target_loss)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
     print(table)
     command = shlex.join(["python", "-m", "scripts.make_table", *argv])
+    replaced = out.exists()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(f"<!-- {command} ({datetime.date.today()}) -->\n\n{table}")
     except OSError as err:  # a full disk, a read-only directory: the table is on screen all the same
         raise SystemExit(unwritable_output(err, out)) from None
-    log.info("wrote %s", out)
+    log.info("%s %s", "replaced" if replaced else "wrote", out)
 
 
 if __name__ == "__main__":

@@ -18,10 +18,12 @@ label says so, naming such runs and where they stopped as the table does
 
 With ``--every-point``, ``val_loss_vs_{tokens,time}_<corpus>_<model>_every_point.png`` draw every setting (every
 point of a sweep, seeds averaged) instead of each optimizer's best, labelled by the values that set it apart
-(``MARS-approx, gamma=0.005``) in numeric order. A failed point (refused, diverged: its ``failure.json``) is
-dashed up to its last evaluation, which is a cross; its label says how and where it failed. The y axis spans
-what the healthy runs span: a failed run's evaluations above it (a blow-up to a val loss of 981) are triangles on
-the top edge, and a note under the axes says so. A setting with no finite loss to draw (a refused point, or a
+(``MARS-approx, gamma=0.005``) in numeric order, one hue per optimizer and its settings in shades of it. A failed
+point (refused, diverged: its ``failure.json``) is dashed up to its last evaluation, and a cross in a band above
+the axes, named "failed", marks the step where it failed, visible whatever that step (one that failed before its
+first evaluation after step 0 is no mark under every line's start); its label says how and where it failed. The y
+axis spans what the healthy runs span: a failed run's evaluations above it (a blow-up to a val loss of 981) are
+triangles on the top edge, and a note under the axes says so. A setting with no finite loss to draw (a refused point, or a
 run whose every val loss is NaN, as a float16 evaluation that overflowed writes) has no line and no legend entry:
 it is listed under the axes with what it is, beside the healthy runs' lines.
 """
@@ -34,6 +36,7 @@ matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from reporting.failure_band import FailedBand  # noqa: E402
 from reporting.figures import plot_command  # noqa: E402
 from reporting.run_labels import (display_corpus, display_model, display_optimizer, numeric_order,  # noqa: E402
                                 optimizer_order, tokens_label)
@@ -50,6 +53,8 @@ CYCLE_COLORS = 10  # lines the default colour cycle tells apart; more are drawn 
 CLIPPED_NOTE = "y axis: the healthy runs' range; ▲ evaluations of failed runs above it"
 NOT_DRAWN_NOTE = "not drawn, no finite loss:"
 TRIANGLE_SPACING = 0.04  # in axes heights, between the triangles of runs that left the frame at one x
+# The colour maps of --every-point, one per optimizer: sequential, so that shades of one tell its settings apart.
+SHADES = ("Blues", "Oranges", "Greens", "Reds", "Purples", "Greys", "YlOrBr", "PuRd")
 
 
 def seed_curves(setting: Setting) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -84,16 +89,19 @@ def curve_label(name: str, setting: Setting, *more_notes: str) -> str:
     return f"{name} ({'; '.join(notes)})" if notes else name
 
 
-def plot_group(lines: list[tuple[str, Setting]], x_axis: str, title: str, path: Path) -> None:
-    figure = group_figure(lines, x_axis, title)
+def plot_group(lines: list[tuple[str, Setting]], x_axis: str, title: str, path: Path,
+               colors: list | None = None) -> None:
+    figure = group_figure(lines, x_axis, title, colors)
     figure.savefig(path, dpi=150, bbox_inches="tight")  # with the legend beside the axes
     plt.close(figure)
 
 
-def group_figure(lines: list[tuple[str, Setting]], x_axis: str, title: str) -> plt.Figure:
-    """One line per (name, setting) in ``lines``, against training tokens or time (``x_axis``). A setting with no
-    finite loss to draw (refused before it trained, or every evaluation NaN, as an overflowed float16 evaluation
-    writes) has no line nor legend entry: it is listed under the axes with what it is."""
+def group_figure(lines: list[tuple[str, Setting]], x_axis: str, title: str,
+                 colors: list | None = None) -> plt.Figure:
+    """One line per (name, setting) in ``lines``, against training tokens or time (``x_axis``), in ``colors`` (by
+    default the colour cycle). A setting with no finite loss to draw (refused before it trained, or every evaluation
+    NaN, as an overflowed float16 evaluation writes) has no line nor legend entry: it is listed under the axes with
+    what it is. A failed setting's line is dashed, and a cross in the band above the axes marks where it failed."""
     figure, axes = plt.subplots(figsize=(6, 4.5))
     if len(lines) > CYCLE_COLORS:
         axes.set_prop_cycle(color=plt.cm.tab20.colors)
@@ -101,16 +109,18 @@ def group_figure(lines: list[tuple[str, Setting]], x_axis: str, title: str) -> p
     column = 2 if x_axis == "tokens" else 3  # (label, steps, tokens, seconds, losses, failed)
     unit, scale = pick_unit(max(curve[column].max(initial=0.0) for curve in curves),
                             TOKEN_UNITS if x_axis == "tokens" else TIME_UNITS)
-    drawn, not_drawn = [], []
-    for (label, _, tokens, seconds, losses, failed), (name, setting) in zip(curves, lines):
+    drawn, not_drawn, band = [], [], FailedBand(axes)
+    for index, ((label, _, tokens, seconds, losses, failed), (name, setting)) in enumerate(zip(curves, lines)):
         if not np.isfinite(losses).any():
             not_drawn.append(curve_label(name, setting, nothing_to_draw(setting, losses)))
             continue
         x = (tokens if x_axis == "tokens" else seconds).mean(axis=0) / scale
         [line] = axes.plot(x, losses.mean(axis=0), label=label, linestyle="--" if failed else "-",
-                           marker="x" if failed else None, markevery=[-1] if failed else None)
+                           color=None if colors is None else colors[index])
         if len(losses) > 1:
             axes.fill_between(x, losses.min(axis=0), losses.max(axis=0), alpha=0.2, color=line.get_color())
+        if failed:  # where it failed, whatever its last evaluation (none after step 0, for one that failed early)
+            band.mark(failure_x(setting.first, x_axis) / scale, "x", line.get_color())
         drawn.append((x, losses, failed, line.get_color()))
     quantity = "training tokens" if x_axis == "tokens" else "training time"
     axes.set_xlabel(f"{quantity} ({unit})" if unit else quantity)
@@ -121,11 +131,35 @@ def group_figure(lines: list[tuple[str, Setting]], x_axis: str, title: str) -> p
     if any(notes):  # under the x label
         axes.text(0, -0.16, "\n".join(filter(None, notes)), transform=axes.transAxes, va="top", fontsize="small")
     axes.set_title(title)
+    band.close()
     axes.grid(alpha=0.3)
     figure.tight_layout()  # for the axes alone: the file, saved with bbox_inches="tight", takes the legend in
     if drawn:  # beside the axes: a sweep's every point makes a long legend, which inside would hide the curves
         axes.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
     return figure
+
+
+def failure_x(run: Run, x_axis: str) -> float:
+    """Where ``run`` failed on the x axis: the tokens or the training time of its failure's step."""
+    step = run.failure.get("step", 0)
+    if x_axis == "tokens":
+        return step * run.budget / run.max_iters if run.max_iters else 0.0
+    return float(training_seconds(run, np.array([step]))[0])
+
+
+def optimizer_shades(lines: list[tuple[str, Setting]]) -> list:
+    """A colour per line: one hue per optimizer (and budget), in the order the optimizers come, its settings in
+    shades of it from dark to light, so that the lines of one sweep read as one family."""
+    families = list(dict.fromkeys((setting.first.optimizer, setting.first.budget) for _, setting in lines))
+    members = {family: [] for family in families}
+    for index, (_, setting) in enumerate(lines):
+        members[setting.first.optimizer, setting.first.budget].append(index)
+    colors = [None] * len(lines)
+    for family, indices in members.items():
+        colormap = plt.get_cmap(SHADES[families.index(family) % len(SHADES)])
+        for shade, index in zip(np.linspace(0.95, 0.4, len(indices)) if len(indices) > 1 else [0.7], indices):
+            colors[index] = colormap(shade)
+    return colors
 
 
 def nothing_to_draw(setting: Setting, losses: np.ndarray) -> str:
@@ -222,7 +256,8 @@ def plot_every_point(runs: list[Run], out: Path) -> list[Path]:
     for (corpus, model), lines in sorted(figures.items()):
         for x_axis in ("tokens", "time"):
             path = out / f"val_loss_vs_{x_axis}_{corpus}_{model}_every_point.png"
-            plot_group(lines, x_axis, f"{display_model(model)}, {display_corpus(corpus)}: every setting", path)
+            plot_group(lines, x_axis, f"{display_model(model)}, {display_corpus(corpus)}: every setting", path,
+                       colors=optimizer_shades(lines))
             written.append(path)
     return written
 

@@ -13,8 +13,8 @@ killed, or still running: ``Run.stopped_early``) is drawn hollow, and the legend
 run's best loss is that of the steps it reached, short of those configured (make_table marks such figures
 ``*``). A warning names such runs and where they stopped. A point that diverged or failed while it trained (its
 ``failure.json``) has no loss to place: its loss is beyond any healthy one (a blow-up) or none, so it is a triangle
-on the top edge of the axes pointing up, in its line's colour (triangles at one value stacked downwards), never at
-the low end where the best points are; its legend entry says how and where it failed (``MARS-approx, lr 10:
+pointing up in a band above the axes, named "failed", where no value can reach (triangles at one value stacked
+upwards), in its line's colour, never among the values nor at the low end where the best points are; its legend entry says how and where it failed (``MARS-approx, lr 10:
 diverged at step 30``), and the table gives its reason. A refused point never ran, and its value may be one no axis
 should show (gamma = -0.1): it is listed under the axes with its reason, not drawn. Lines are in the order of the
 optimizers, then of the value held fixed, in numeric order. A figure whose every point failed is not written: one
@@ -33,6 +33,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from reporting.figures import plot_command  # noqa: E402
+from reporting.failure_band import FailedBand  # noqa: E402
 from reporting.run_labels import (display_corpus, display_model, display_optimizer, numeric_order,  # noqa: E402
                                 optimizer_order, tokens_label)
 from reporting.run_reading import Run  # noqa: E402
@@ -41,7 +42,6 @@ from reporting.run_selection import Setting, group_settings, where_stopped  # no
 log = logging.getLogger(__name__)
 SWEPT = {"lr": "learning rate", "gamma": "gamma (MARS)"}
 STOPPED_NOTE = "hollow: includes runs stopped before their configured steps"
-FAILED_SPACING = 0.05  # in axes heights, between the triangles of failed points at one value
 REFUSED_NOTE = "refused, not drawn:"
 NOTE_WIDTH = 68  # characters a line of the note under the axes holds at most: no wider than the axes
 
@@ -145,9 +145,9 @@ def plot_panel(lines: list[SweepLine], parameter: str, title: str, path: Path) -
 
 def panel_figure(lines: list[SweepLine], parameter: str, title: str) -> plt.Figure:
     """The ``lines`` against the swept ``parameter``; points with stopped runs hollow, and the legend says so;
-    failed points triangles on the top edge, refused ones listed under the axes."""
+    failed points triangles in a band above the axes, refused ones listed under the axes."""
     figure, axes = plt.subplots(figsize=(6, 4.5))
-    handles, failed, failed_at = [], [], {}
+    handles, failed, band = [], [], FailedBand(axes)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, line in enumerate(lines):
         color = colors[index % len(colors)]
@@ -157,8 +157,7 @@ def panel_figure(lines: list[SweepLine], parameter: str, title: str) -> plt.Figu
                                          color=color))
             draw_stopped(axes, line, handles[-1].lines[0])
         for x, run in line.failed:
-            failed_at[x] = failed_at.get(x, -1) + 1
-            failed.append(failed_point(axes, line, x, run, parameter, color, failed_at[x]))
+            failed.append(failed_point(band, line, x, run, parameter, color))
     handles += failed
     if any(runs for line in lines for runs in line.stopped):
         handles.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="white", markeredgecolor="gray",
@@ -168,6 +167,7 @@ def panel_figure(lines: list[SweepLine], parameter: str, title: str) -> plt.Figu
     axes.set_xlabel(SWEPT[parameter])
     axes.set_ylabel("best validation loss (mean over seeds; bars: min-max)")
     axes.set_title(title)
+    band.close()
     axes.grid(alpha=0.3)
     refused = [textwrap.fill(f"{line.label}, {parameter} {x:g}: {run.failure['reason']}", NOTE_WIDTH,
                              subsequent_indent="  ") for line in lines for x, run in line.refused]
@@ -189,13 +189,12 @@ def draw_stopped(axes: plt.Axes, line: SweepLine, mean_line: Line2D) -> None:
                   markerfacecolor="white", zorder=mean_line.get_zorder() + 0.1)
 
 
-def failed_point(axes: plt.Axes, line: SweepLine, x: float, run: Run, parameter: str, color, above: int) -> Line2D:
-    """A triangle pointing up on the top edge of the axes where a failed point lies, below the ``above`` triangles
-    already at that value, and its legend entry: the line, the value and how it failed (its reason is long: the
-    table gives it)."""
-    triangle = {"linestyle": "none", "marker": "^", "markersize": 8, "color": color}
-    axes.plot([x], [1 - FAILED_SPACING * above], transform=axes.get_xaxis_transform(), clip_on=False, **triangle)
-    return Line2D([], [], label=f"{line.label}, {parameter} {x:g}: {run.failed_at}", **triangle)
+def failed_point(band: FailedBand, line: SweepLine, x: float, run: Run, parameter: str, color) -> Line2D:
+    """A triangle pointing up in the band of failed points above the axes where a failed point lies, and its legend
+    entry: the line, the value and how it failed (its reason is long: the table gives it)."""
+    band.mark(x, "^", color)
+    return Line2D([], [], label=f"{line.label}, {parameter} {x:g}: {run.failed_at}", linestyle="none", marker="^",
+                  markersize=8, color=color)
 
 
 def plot_sweeps(runs: list[Run], out: Path) -> list[Path]:

@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from reporting import arguments
 from reporting.run_reading import load_run
 from training.metrics import read_metrics
 
@@ -191,9 +192,9 @@ def phase_jobs(phase: str, out: Path, optimizers: tuple[Optimizer, ...] = OPTIMI
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments.OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "small-study")
-    parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
+    parser.add_argument("--jobs", type=arguments.positive_int, default=2, help="runs at a time, one thread each")
     parser.add_argument("--phases", nargs="+", choices=("lr", "seeds", "gamma", "contenders"),
                         default=["lr", "seeds", "gamma"])
     parser.add_argument("--only", nargs="+", choices=[o.name for o in OPTIMIZERS],

@@ -5,6 +5,7 @@ import os
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import pytest
 from data.embedded import prepare_embedded
 from data.shards import read_shard, write_shard
 from tests import warm_python
+from tests.configs.hydra_refusals import HYDRA_CASES, users_config
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_size=2", "train.block_size=16",
@@ -393,3 +395,40 @@ def test_data_no_rank_can_use_is_told_once_and_data_one_rank_lacks_stops_the_oth
     assert [rank.returncode != 0 for rank in ranks] == [True, True] and "Traceback" not in output, output
     assert outputs[0][1].strip().splitlines()[-1].startswith("error: rank 1 stopped: "), output
     assert "not-mounted" in outputs[1][1].strip().splitlines()[-1], output
+
+
+HYDRA_REFUSALS = [pytest.param(case, where, id=f"{name}, {where}") for name, case in HYDRA_CASES.items()
+                  for where in ("command line", "own config file") if where == "command line" or case.in_file]
+
+
+@pytest.mark.parametrize("case, where", HYDRA_REFUSALS)
+def test_what_hydra_refuses_is_one_error_line_with_the_fix_not_hydras_block(tmp_path, case, where):
+    mine, choosing_mine = users_config(tmp_path / "my-configs", case)
+    arguments, expected = (([case.override], case.on_command_line) if where == "command line"
+                           else (choosing_mine, case.in_file.format(file=mine)))
+    # Hydra takes its options (--config-dir) before the overrides
+    result = warm_python.run([sys.executable, str(REPO / "train.py"), *arguments, *SMALL,
+                              f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, timeout=300, env=environment({}))
+    last = assert_one_line(result)
+    assert last.startswith(f"error: {expected}") and result.stderr.strip() == last, result.stderr
+    assert "HYDRA_FULL_ERROR" not in result.stdout + result.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_wandb_online_with_its_server_unreachable_stops_within_its_timeout_leaving_the_directory_to_a_rerun(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    with socket.socket() as closed_port:  # bound, never listening: every connection to it is refused
+        closed_port.bind(("127.0.0.1", 0))
+        env = {"HOME": str(home), "WANDB_CONFIG_DIR": str(home / "wandb"), "NETRC": str(home / "netrc"),
+               "WANDB_BASE_URL": f"http://127.0.0.1:{closed_port.getsockname()[1]}", "WANDB_API_KEY": "0" * 40,
+               "WANDB_MODE": None}
+        started = time.monotonic()
+        result = train(tmp_path / "run", "wandb.mode=online", "wandb.init_timeout_s=1", env=env)
+        waited = time.monotonic() - started
+    assert_one_line(result, "wandb.mode=online could not start a wandb run within wandb.init_timeout_s=1",
+                    "connection refused", "wandb.mode=disabled in the same run directory")
+    assert waited < 90, waited  # wandb's own init_timeout, which alone made the launch wait ~140 s
+    assert not (tmp_path / "run" / "wandb").exists()
+    rerun = train(tmp_path / "run", "wandb.mode=disabled")
+    assert rerun.returncode == 0, rerun.stderr

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from training.distributed import DistributedContext, all_gather_objects
-from training.metrics import read_metrics
+from training.metrics import RECORD_FORMATS, read_metrics
+from training.optimizers import local_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +27,11 @@ class TrainingDiverged(RuntimeError):
 class DivergenceGuard:
     """Decides, step by step, whether the update may be applied.
 
-    A step whose loss or gradient norm is NaN/inf is skipped (its gradient dropped, the data and the schedule
-    moving on) while fewer than ``max_skipped_steps`` have been skipped in the run so far; the next one stops
-    the run with a message naming the step and the last good checkpoint. ``skipped_steps`` travels in the
-    checkpoint, so a resumed run keeps counting. ``advice``: what to do then (``training.sweep.divergence_advice``).
+    A step whose loss or gradient norm is NaN/inf is skipped (its gradient dropped, the optimizer's state left as it
+    was: :func:`skip_update`; the data and the schedule moving on) while fewer than ``max_skipped_steps`` have been
+    skipped in the run so far; the next one stops the run with a message naming what is not finite, the step and
+    the last good checkpoint. ``skipped_steps`` travels in the checkpoint, so a resumed run keeps counting.
+    ``advice``: what to do then (``training.sweep.divergence_advice``).
     """
 
     def __init__(self, max_skipped_steps: int = 0, skipped_steps: int = 0, advice: str = ""):
@@ -37,23 +39,42 @@ class DivergenceGuard:
 
     def allows_update(self, step: int, loss: float, grad_norm: float, checkpoint_path=None,
                       lookahead_grad_norm: float = 0.0) -> bool:
-        """False to skip this step's update; raises TrainingDiverged when no skip is left.
+        """False to skip this step's update (then :func:`skip_update`); raises TrainingDiverged when no skip is left.
 
         ``lookahead_grad_norm``: exact MARS's extra gradient, which the next update corrects against.
         """
         if math.isfinite(loss) and math.isfinite(grad_norm) and math.isfinite(lookahead_grad_norm):
             return True
-        if not math.isfinite(lookahead_grad_norm):
-            grad_norm = f"{grad_norm} (look-ahead gradient norm {lookahead_grad_norm})"
+        reason = non_finite_step_reason(loss, grad_norm, lookahead_grad_norm)
         if self.skipped_steps >= self.max_skipped_steps:
             skipped = f" after skipping {self.skipped_steps} such step(s)" if self.skipped_steps else ""
-            raise TrainingDiverged(f"non-finite training loss {loss} / gradient norm {grad_norm}{skipped}", step,
-                                   checkpoint_path, self.advice)
+            raise TrainingDiverged(f"{reason}{skipped}", step, checkpoint_path, self.advice)
         self.skipped_steps += 1
-        log.warning("non-finite training loss %s / gradient norm %s at step %d: update skipped (%d of "
-                    "train.max_skipped_steps=%d)", loss, grad_norm, step, self.skipped_steps,
-                    self.max_skipped_steps)
+        log.warning("%s at step %d: update skipped (%d of train.max_skipped_steps=%d)", reason, step,
+                    self.skipped_steps, self.max_skipped_steps)
         return False
+
+
+def non_finite_step_reason(loss: float, grad_norm: float, lookahead_grad_norm: float) -> str:
+    """Which of a step's loss and gradient norms are not finite, by name, and the finite ones beside them, rounded as
+    the log rounds them: ``non-finite gradient norm inf (training loss 5150.9551)``. The look-ahead norm, exact
+    MARS's alone, is named only when it is not finite."""
+    quantities = [("training loss", loss, RECORD_FORMATS["train/loss"]),
+                  ("gradient norm", grad_norm, RECORD_FORMATS["grad_norm"]),
+                  ("look-ahead gradient norm", lookahead_grad_norm, RECORD_FORMATS["grad_norm"])]
+    non_finite = [f"{name} {value:{fmt}}" for name, value, fmt in quantities if not math.isfinite(value)]
+    finite = [f"{name} {value:{fmt}}" for name, value, fmt in quantities[:2] if math.isfinite(value)]
+    return f"non-finite {' and '.join(non_finite)}" + (f" ({', '.join(finite)})" if finite else "")
+
+
+def skip_update(optimizer: torch.optim.Optimizer) -> None:
+    """Leave ``optimizer`` as it was before the step whose update the guard refused, so that neither a later step
+    nor a checkpoint holds anything of that step: exact MARS's look-ahead gradient, stashed for it, is dropped
+    (:meth:`mars.optimizer.LookaheadGradient.discard_lookahead_grad`). The other optimizers change nothing before
+    their ``step()``."""
+    discard = getattr(local_optimizer(optimizer), "discard_lookahead_grad", None)
+    if discard is not None:
+        discard()
 
 
 class ValLossWatch:

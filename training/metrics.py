@@ -1,6 +1,9 @@
 """Run logging: metrics.jsonl always (no network needed), wandb when enabled, one console line per event."""
+import contextlib
 import json
 import logging
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -12,6 +15,7 @@ from training.atomic import atomic_file
 log = logging.getLogger("train")
 
 METRICS_FILE = "metrics.jsonl"
+WANDB_DIR = "wandb"  # wandb.init(dir=run_dir) keeps its runs there
 # Records a launch writes at its first step, before it trains.
 LAUNCH_KEYS = {"resumed_from", "data", "evaluation", "launch"}
 # Where a launch record goes in the wandb run's config.
@@ -37,13 +41,16 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return records
 
 
+# How a log line shows each value, in its order.
+RECORD_FORMATS = {"train/loss": ".4f", "val/loss": ".4f", "val/loss_fixed": ".4f", "train/loss_estimate": ".4f",
+                  "lr": ".2e", "grad_norm": ".3f", "clipped": ".0%", "tokens": ",d", "tokens_per_s": ",.0f",
+                  "step_ms": ".1f", "mfu": ".1%", "peak_memory_gb": ".2f", "skipped_steps": "d",
+                  "hellaswag/acc_norm": ".3f"}
+
+
 def format_record(record: dict) -> str:
     parts = [f"step {record['step']}"]
-    for key, fmt in (("train/loss", ".4f"), ("val/loss", ".4f"), ("val/loss_fixed", ".4f"),
-                     ("train/loss_estimate", ".4f"), ("lr", ".2e"),
-                     ("grad_norm", ".3f"), ("clipped", ".0%"), ("tokens", ",d"), ("tokens_per_s", ",.0f"),
-                     ("step_ms", ".1f"), ("mfu", ".1%"),
-                     ("peak_memory_gb", ".2f"), ("skipped_steps", "d"), ("hellaswag/acc_norm", ".3f")):
+    for key, fmt in RECORD_FORMATS.items():
         if record.get(key) is not None:
             parts.append(f"{key} {record[key]:{fmt}}")
     if record.get("eta_s") is not None:
@@ -74,6 +81,59 @@ class MetricsWriteError(ValueError):
     """metrics.jsonl could not be appended to; the message says why and how to go on."""
 
 
+def start_wandb_run(run_dir: Path, wandb_cfg, config: dict, run_name: str, wandb_run_id: str | None):
+    """The wandb run of this launch, waiting ``wandb.init_timeout_s`` for the server at most. A start that fails
+    leaves nothing of it in ``run_dir``: the run directory is as reusable as after a refused launch (a rerun there
+    with wandb.mode=disabled is no fresh start in a directory that holds a run)."""
+    import wandb
+
+    wandb_dir = run_dir / WANDB_DIR
+    before = wandb_entries(wandb_dir)
+    try:
+        return wandb.init(project=wandb_cfg.project, entity=wandb_cfg.entity, name=run_name, config=config,
+                          mode=wandb_cfg.mode.value, dir=str(run_dir), id=wandb_run_id, resume="allow",
+                          settings=wandb.Settings(init_timeout=wandb_cfg.init_timeout_s))
+    except Exception as err:  # no credentials, no network, an unknown entity, a stray WANDB_* variable
+        with contextlib.suppress(Exception):  # its service stops and its lines come out now, before the error's
+            wandb.teardown()
+        remove_entries_since(wandb_dir, before)
+        # wandb's own advice names its Python API; this launch's setting is wandb.init_timeout_s.
+        reason = " ".join(str(err).split()).split(" Consider increasing the init_timeout setting")[0][:300]
+        timed_out = any(words in str(err).lower() for words in ("timed out", "timeout", "deadline exceeded"))
+        waited = f" within wandb.init_timeout_s={wandb_cfg.init_timeout_s:g}" if timed_out else ""
+        raise WandbUnavailable(
+            f"wandb.mode={wandb_cfg.mode.value} could not start a wandb run{waited} ({reason}): log in with `wandb "
+            "login` (or set WANDB_API_KEY), raise wandb.init_timeout_s for a slow server, or run with "
+            "wandb.mode=offline (upload later with `wandb sync`) or wandb.mode=disabled in the same run directory; "
+            "metrics.jsonl is written either way") from None
+
+
+def wandb_entries(wandb_dir: Path) -> dict[str, str | None] | None:
+    """The names in ``wandb_dir``, each with its target if it is a link (wandb's latest-run); None without it."""
+    if not wandb_dir.is_dir():
+        return None
+    return {entry.name: os.readlink(entry) if entry.is_symlink() else None for entry in wandb_dir.iterdir()}
+
+
+def remove_entries_since(wandb_dir: Path, before: dict[str, str | None] | None) -> None:
+    """Remove what wandb wrote in ``wandb_dir`` since :func:`wandb_entries` gave ``before``, and point its links
+    (latest-run, which wandb re-points) where they pointed then. What cannot be removed stays: the error that
+    started the clean-up is the one to tell."""
+    with contextlib.suppress(OSError):
+        if before is None:
+            shutil.rmtree(wandb_dir)
+            return
+        for entry in wandb_dir.iterdir():
+            if entry.name not in before or before[entry.name] is not None:
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+        for name, target in before.items():
+            if target is not None:
+                (wandb_dir / name).symlink_to(target)
+
+
 class MetricsLogger:
     """Appends one JSON object per event to ``metrics.jsonl`` and mirrors it to wandb.
 
@@ -86,19 +146,7 @@ class MetricsLogger:
         self.enabled = enabled
         self.wandb_run = None
         if enabled and wandb_cfg.mode != WandbMode.disabled:
-            import wandb
-
-            try:
-                self.wandb_run = wandb.init(
-                    project=wandb_cfg.project, entity=wandb_cfg.entity, name=run_name, config=config,
-                    mode=wandb_cfg.mode.value, dir=str(run_dir), id=wandb_run_id, resume="allow",
-                )
-            except Exception as err:  # no credentials, no network, an unknown entity, a stray WANDB_* variable
-                reason = " ".join(str(err).split())[:300]
-                raise WandbUnavailable(
-                    f"wandb.mode={wandb_cfg.mode.value} could not start a wandb run ({reason}): log in with `wandb "
-                    "login` (or set WANDB_API_KEY), or run with wandb.mode=offline (upload later with `wandb sync`) "
-                    "or wandb.mode=disabled; metrics.jsonl is written either way") from None
+            self.wandb_run = start_wandb_run(Path(run_dir), wandb_cfg, config, run_name, wandb_run_id)
 
     @property
     def wandb_run_id(self) -> str | None:
@@ -140,20 +188,36 @@ class MetricsLogger:
         and in the wandb run's config (``data_read``, ``launch``), where a look at the run tells which corpus it
         trained on and which code trained it."""
         self.record({"step": step, key: value})
-        if self.wandb_run is not None:
-            self.wandb_run.config.update({WANDB_LAUNCH_KEYS[key]: value}, allow_val_change=True)
+        self._mirror(f"at step {step}",
+                     lambda run: run.config.update({WANDB_LAUNCH_KEYS[key]: value}, allow_val_change=True))
 
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
         self.record(record)
-        if self.wandb_run is not None:
-            self.wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+        self._mirror(f"at step {record['step']}",
+                     lambda run: run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"]))
         log.info(format_record(record))
 
     def close(self) -> None:
-        if self.wandb_run is not None:
-            self.wandb_run.finish()
+        self._mirror("at the run's end", lambda run: run.finish())
+
+    def _mirror(self, when: str, send) -> None:
+        """``send(wandb_run)``, if there is one. A wandb that fails under the run (its service process gone) is let
+        go with one warning and the run trains on: metrics.jsonl, the run's record, has every step."""
+        if self.wandb_run is None:
+            return
+        try:
+            send(self.wandb_run)
+        except Exception as err:
+            import wandb
+
+            self.wandb_run = None
+            reason = " ".join(str(err).split())[:300] or type(err).__name__
+            log.warning("wandb failed %s (%s): the run goes on without it, every record in %s", when, reason,
+                        self.path)
+            with contextlib.suppress(Exception):  # the service it would stop may be gone already
+                wandb.teardown()
 
 
 class StepWindow:

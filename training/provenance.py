@@ -10,6 +10,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -129,6 +130,11 @@ def device_name(device: torch.device) -> str:
     return f"{model or platform.processor()} ({torch.get_num_threads()} threads)"
 
 
+# The packages of the install that a training rank never runs: the entry points people run beside it (tables,
+# figures, benches), whose edits change nothing a run computes.
+NOT_RUN_BY_RANKS = ("scripts",)
+
+
 def project_packages(root: Path) -> list[Path]:
     """The project's package directories under ``root``, as pyproject.toml declares them (none without it)."""
     pyproject = root / "pyproject.toml"
@@ -144,7 +150,7 @@ def project_source(root: Path = PROJECT_ROOT) -> dict[str, str]:
     """{path relative to ``root``: sha256 of its bytes} for every source file a rank may run: train.py and the
     Python and YAML files of the project's packages, whether git knows them or not (a copy without ``.git``, an
     edited file), and whether or not this process has imported them yet (the optimizers load after the check)."""
-    files = [root / "train.py"] + [path for package in project_packages(root)
+    files = [root / "train.py"] + [path for package in project_packages(root) if package.name not in NOT_RUN_BY_RANKS
                                    for suffix in SOURCE_SUFFIXES for path in package.rglob(f"*{suffix}")
                                    if "__pycache__" not in path.parts]
     return {path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
@@ -208,7 +214,10 @@ def launcher_words() -> str:
         return launch["script"]
     arguments, torchrun = sys.argv[1:], launch["torchrun"]
     if torchrun is not None and torchrun[len(torchrun) - len(arguments):] == arguments:
-        return shlex.join(torchrun[:len(torchrun) - len(arguments)])
+        launcher = torchrun[:len(torchrun) - len(arguments)]
+        # By its path (torchrun's agent was started as `python -m torch.distributed.run` from the venv's PATH, say):
+        # a shell without the venv finds the same program.
+        return shlex.join([shutil.which(launcher[0]) or launcher[0], *launcher[1:]])
     return shlex.join([sys.executable, sys.argv[0]])
 
 

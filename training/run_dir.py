@@ -22,7 +22,7 @@ from training.atomic import TEMPORARY_SUFFIX
 from training.checkpoint import (DELETED_AT_FINISH, UNREADABLE_SUFFIX, checkpoint_dir, checkpoint_files,
                                  finished_without_checkpoints)
 from training.distributed import DistributedContext, all_gather_objects, stop_with_message
-from training.metrics import METRICS_FILE
+from training.metrics import METRICS_FILE, WANDB_DIR
 from training.provenance import patch_files
 
 log = logging.getLogger("train")
@@ -30,7 +30,6 @@ log = logging.getLogger("train")
 LOCK_FILE = "run.lock"
 HYDRA_LOG = "train.log"  # Hydra's job log, ${hydra.job.name}.log, opened (appending) before the lock is taken
 SET_ASIDE_LOG = "metrics.before-restart-{stamp}.jsonl"
-WANDB_DIR = "wandb"  # wandb.init(dir=run_dir) keeps its runs there
 # errno of a file system without flock (some Lustre mounts): the run goes on unprotected rather than not at all
 LOCKS_UNSUPPORTED = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
 LOCK_ATTEMPTS = 3
@@ -272,14 +271,21 @@ def register_run_dir_resolver() -> None:
 
 
 def check_writable(run_dir: Path) -> None:
-    """Write and remove a probe file in ``run_dir/checkpoints`` now, not at the first checkpoint."""
+    """Write and remove a probe file in ``run_dir/checkpoints`` now, not at the first checkpoint. A probe that
+    cannot be written (a full disk creates it, then refuses its bytes) is removed, and so is the checkpoints
+    directory if the probe made it: a refused launch leaves the directory as it found it."""
     directory = checkpoint_dir(run_dir)
     probe = directory / f".write-probe-{os.getpid()}"
+    made_directory = not directory.exists()
     try:
         directory.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"probe")
         probe.unlink()
     except OSError as err:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
+            if made_directory:
+                directory.rmdir()
         raise RunDirectoryError(
             f"cannot write checkpoints to {directory} ({err.strerror or err}): give the run a writable "
             "hydra.run.dir, or fix the directory's permissions or space"

@@ -11,7 +11,9 @@ from configs.schema import Precision
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "4090": 165e12}
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, given_as: str = "train.device=") -> torch.device:
+    """The device ``name`` (auto, cpu, cuda, cuda:N) names on this machine; ``given_as``: what the errors write
+    before a value, the setting that sets it (a command's flag names itself in argparse's line: "")."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -19,11 +21,11 @@ def resolve_device(name: str) -> torch.device:
     except RuntimeError:  # torch's message lists twenty device types this trainer does not run on
         device = None
     if device is None or device.type not in ("cpu", "cuda"):
-        raise ValueError(f"train.device={name} is not a device this trainer runs on: use auto, cpu, cuda or cuda:N")
+        raise ValueError(f"{given_as}{name} is not a device this trainer runs on: use auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"train.device={name} but CUDA is not available here: use train.device=cpu or auto")
+        raise ValueError(f"{given_as}{name} but CUDA is not available here: use {given_as}cpu or auto")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"train.device={name} but this machine has {torch.cuda.device_count()} CUDA device(s): "
+        raise ValueError(f"{given_as}{name} but this machine has {torch.cuda.device_count()} CUDA device(s): "
                          f"use cuda:0 to cuda:{torch.cuda.device_count() - 1}, or cuda (under torchrun each rank "
                          "takes its local rank's device)")
     return device

@@ -70,8 +70,9 @@ def closing_summary(records: list[dict], progress: Progress, max_iters: int, run
     return [f"run {ended} at step {progress.step} of {max_iters} (train.max_iters) | {val}",
             f"last checkpoint: {progress.checkpoint or 'none'} | run dir: {run_dir}",
             f"{again}: {resume}",
-            # This interpreter by its path, as the resume line starts it: a shell without the venv activated runs it.
-            f"table: {shlex.join([sys.executable, '-m', 'scripts.make_table', str(tabulate_dir)])}"]
+            # This interpreter by its path, as the resume line starts it, and the runs by theirs: it runs as printed in
+            # a shell without the venv activated, from any directory (scripts is a package of the install).
+            f"table: {shlex.join([sys.executable, '-m', 'scripts.make_table', os.path.abspath(tabulate_dir)])}"]
 
 
 def tell_closing_summary(lines: list[str]) -> None:

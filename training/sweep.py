@@ -115,11 +115,19 @@ def resume_command() -> str:
     submitit or SLURM, was started by another program than ``train.py``)."""
     hydra_cfg = HydraConfig.get()
     if not in_sweep():
-        return this_command_resumed(f"hydra.run.dir={hydra_value(hydra_cfg.run.dir)}")
+        return runnable_from_anywhere(this_command_resumed(f"hydra.run.dir={hydra_value(hydra_cfg.run.dir)}"))
     sweep_dir = Path(hydra_cfg.sweep.dir)
     if has_resume_script(sweep_dir):
-        return shlex.join(["bash", str(sweep_dir / RESUME_SCRIPT)])
-    return this_command_resumed(f"hydra.sweep.dir={hydra_value(sweep_dir)}")
+        return shlex.join(["bash", os.path.abspath(sweep_dir / RESUME_SCRIPT)])
+    return runnable_from_anywhere(this_command_resumed(f"hydra.sweep.dir={hydra_value(sweep_dir)}"))
+
+
+def runnable_from_anywhere(command: str) -> str:
+    """``command`` as a line that runs as printed from any directory: after a ``cd`` into the one this process
+    started in, where its relative words lead (``train.py``, ``hydra.run.dir=outputs/...``, a relative
+    ``data.dir``), as the sweep's resume.sh does; its interpreter or launcher is named by its path
+    (:func:`training.provenance.launcher_words`), so a shell without the venv activated runs it too."""
+    return f"cd {shlex.quote(os.getcwd())} && {command}"
 
 
 def hydra_value(path) -> str:

@@ -438,6 +438,7 @@ OURS = {
     "wandb.mode": ("disabled", "logging only"),
     "wandb.project": ("mars-gpt2", "logging only"),
     "wandb.entity": (None, "logging only"),
+    "wandb.init_timeout_s": (60.0, "logging only: how long a start waits for the wandb server"),
 }
 # How ours computes what theirs computes (the same kernels, or the Newton-Schulz form their code runs), per
 # optimizer; MARS-AdamW runs no Newton-Schulz, so its ns_* keys are unread.

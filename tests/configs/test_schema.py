@@ -73,7 +73,8 @@ def test_the_optimizer_schemas_are_no_choice_in_help_nor_on_the_command_line(tmp
     assert optimizers == f"optimizer: {', '.join(files)}" and "_schema" not in help_text, optimizers
     refused = train("optimizer=adamw_schema", f"hydra.run.dir={tmp_path}")
     assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
-    assert "Could not find 'optimizer/adamw_schema'" in refused.stderr and "_schema\n" not in refused.stderr
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last == f"error: unknown option optimizer=adamw_schema: the options of optimizer are {', '.join(files)}", last
     assert not any(tmp_path.iterdir())
 
 
@@ -92,6 +93,7 @@ def test_enum_values_are_checked():
     ("train.max_skipped_steps=-1", "train.max_skipped_steps"),
     ("train.diverged_val_loss_ratio=0.5", "train.diverged_val_loss_ratio"),
     ("train.loss_chunk_size=-1", "train.loss_chunk_size"),
+    ("wandb.init_timeout_s=0", "wandb.init_timeout_s"),
     ("model.n_head=3", "model.n_head"),
 ])
 def test_out_of_range_values_are_rejected_naming_the_key(override, key):

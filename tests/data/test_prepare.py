@@ -1,6 +1,7 @@
 import json
 import os
 import re
+import socket
 import sys
 from pathlib import Path
 
@@ -420,7 +421,8 @@ def test_an_unreadable_input_and_a_read_only_out_are_one_line(tmp_path, jsonl_co
 def test_a_full_disk_while_a_shard_is_written_is_one_line_and_leaves_no_partial_file(tmp_path, jsonl_corpus):
     out = tmp_path / "out"
     out.mkdir()
-    (out / "val_000000.bin.tmp").symlink_to("/dev/full")  # the shard's temporary file: every write gets ENOSPC
+    # The shard's temporary file, this process's own: every write gets ENOSPC.
+    (out / f"val_000000.bin.{socket.gethostname()}-{os.getpid()}.tmp").symlink_to("/dev/full")
     with pytest.raises(SystemExit) as exit_info:
         main(["files", str(jsonl_corpus), "--out", str(out), "--workers", "1", "--shard-size", "3000"])
     message = exit_info.value.code
@@ -503,3 +505,24 @@ def test_an_overwrite_stopped_while_it_replaced_the_corpus_is_finished_by_the_ne
     manifest = prepare(files_source([small]), out, val_tokens=2000, overwrite=True, **settings)
     assert manifest["tokens"] == expected["tokens"] and shard_bytes(out) == shard_bytes(tmp_path / "expected")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["expected", "out", "small.jsonl"]
+
+
+@pytest.mark.parametrize("name_bytes", [247, 255])
+def test_an_out_whose_name_is_near_the_file_systems_limit_is_prepared_and_overwritten(tmp_path, jsonl_corpus,
+                                                                                       name_bytes):
+    # <out>.overwriting, <out>.replaced and <out>.lock would pass the 255 bytes a name may have.
+    out = tmp_path / ("d" * name_bytes)
+    small = tmp_path / "small.jsonl"
+    small.write_text(jsonl_corpus.read_text().split("\n", 30)[-1])
+    for source, extra in ((jsonl_corpus, []), (small, ["--overwrite"])):
+        main(["files", str(source), "--out", str(out), "--workers", "1", "--shard-size", "3000",
+              "--val-tokens", "2000", *extra])
+        assert read_manifest(out)["source"]["files"][0]["path"] == str(source)
+    assert sorted(tmp_path.iterdir()) == sorted([small, out])  # nothing left beside it
+
+
+def test_an_out_whose_name_is_past_the_file_systems_limit_is_refused_naming_its_length(tmp_path, jsonl_corpus):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["files", str(jsonl_corpus), "--out", str(tmp_path / ("d" * 256)), "--workers", "1"])
+    assert exit_info.value.code.startswith("error: a name of 256 bytes (dddd"), exit_info.value.code
+    assert "longer than the file system takes (255 bytes): choose a shorter --out" in exit_info.value.code

@@ -13,6 +13,8 @@ from evaluation.authors_downstream import RESULTS, TASKS
 from evaluation.downstream import markdown_table
 from evaluation.checkpoints import load_model
 from tests import warm_python
+from tests.evaluation.test_export_hf import small_checkpoint
+from tests.test_one_line_errors import assert_one_line
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_TASK = REPO / "tests" / "evaluation" / "tiny_task"
@@ -99,3 +101,17 @@ def test_an_unknown_task_is_one_line_of_error(scored_run, tmp_path):
                              cwd=REPO, env=OFFLINE, timeout=900)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "knows no task tiny_choise" in result.stderr
+
+
+def test_a_hub_task_without_network_is_one_line_naming_the_offline_ways_and_writes_nothing(tmp_path):
+    # The datasets library's offline mode fails as no network does (ConnectionError), without its retries for 30 s;
+    # an empty Hugging Face cache, so that no copy of the task's data is read instead.
+    env = {**OFFLINE, "HF_HOME": str(tmp_path / "hf-home")}
+    out = tmp_path / "downstream"
+    result = warm_python.run([sys.executable, "-m", "evaluation.downstream", "--checkpoint",
+                              str(small_checkpoint(tmp_path / "good.pt")), "--tasks", "arc_easy", "--out", str(out)],
+                             cwd=REPO, env=env, timeout=900)
+    assert_one_line(result, "lm_eval could not fetch the data of task arc_easy", "Couldn't reach 'allenai/ai2_arc'",
+                    "--include-path DIR --tasks NAME", "HF_DATASETS_OFFLINE=1", "nothing was written")
+    assert result.stderr.strip().startswith("error: ")  # the line alone, no traceback before it
+    assert not out.exists()

@@ -3,8 +3,10 @@ import importlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: nothing here may download
@@ -294,14 +296,12 @@ def test_export_says_what_is_wrong_with_a_checkpoint(tmp_path):
         export_hf().export(mismatched, tmp_path / "hf")
     out_file = tmp_path / "out.txt"
     out_file.write_text("")
-    torch.save({"model": model.state_dict(), "config": {"model": vars(model.config)}}, tmp_path / "good.pt")
     with pytest.raises(ValueError, match="is a file"):
-        export_hf().export(tmp_path / "good.pt", out_file)
+        export_hf().export(small_checkpoint(tmp_path / "good.pt"), out_file)
 
 
 def test_cli_refuses_an_out_directory_that_holds_files_unless_asked_to_overwrite(tmp_path):
-    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=16))
-    torch.save({"model": model.state_dict(), "config": {"model": vars(model.config)}}, tmp_path / "good.pt")
+    small_checkpoint(tmp_path / "good.pt")
     out = tmp_path / "hf"
     out.mkdir()
     (out / "notes.md").write_text("my notes\n")
@@ -312,3 +312,30 @@ def test_cli_refuses_an_out_directory_that_holds_files_unless_asked_to_overwrite
     assert [path.name for path in out.iterdir()] == ["notes.md"]
     export_hf().main(["--checkpoint", str(tmp_path / "good.pt"), "--out", str(out), "--overwrite"])
     assert (out / "model.safetensors").is_file() and (out / "notes.md").read_text() == "my notes\n"
+
+
+def small_checkpoint(path: Path) -> Path:
+    """A checkpoint file as train.py writes one, of a one-layer GPT: weights and model config."""
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4))  # GPT-2's vocabulary: its token ids fit
+    torch.save({"model": model.state_dict(), "config": {"model": vars(model.config)}}, path)
+    return path
+
+
+def test_ctrl_c_during_the_export_is_one_line_and_leaves_no_part_of_it(tmp_path):
+    checkpoint = small_checkpoint(tmp_path / "good.pt")
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    process = warm_python.start([sys.executable, "-m", "evaluation.export_hf", "--checkpoint", str(checkpoint),
+                                 "--out", str(exports / "hf")], cwd=REPO, env=offline_env(),
+                                stdout=tmp_path / "out", stderr=tmp_path / "err")
+    deadline = time.monotonic() + 300
+    while not any(exports.iterdir()):  # its first directory made: writing, the tokenizer not yet built (~1 s)
+        assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "err").read_text()
+        time.sleep(0.005)
+    process.send_signal(signal.SIGINT)
+    process.wait(timeout=300)
+    stderr = (tmp_path / "err").read_text()
+    assert process.returncode != 0 and "Traceback" not in stderr, stderr
+    assert stderr.strip().splitlines() == [f"error: interrupted: nothing was written to {exports / 'hf'} (an export "
+                                           "appears whole or not at all); run the command again to export"]
+    assert list(exports.iterdir()) == []

@@ -76,11 +76,9 @@ def assert_same_state(actual, expected):
                 assert actual["state"][index][key] == value, (index, key)
 
 
-@pytest.mark.parametrize("cls, options", CASES)
-def test_a_compiled_step_gives_the_eager_steps_parameters_and_state(cls, options):
-    eager_params = new_params()
-    compiled_params = clone_params(eager_params)
-    eager, compiled = cls(eager_params, **options), cls(compiled_params, **options)
+def compiled_counting_graphs(step, options):
+    """``step`` compiled afresh, and the list of the graphs it compiles: under ``aot_eager`` for a default path
+    (``options`` empty), dynamo alone for the others."""
     torch._dynamo.reset()
     graphs = []
 
@@ -88,7 +86,15 @@ def test_a_compiled_step_gives_the_eager_steps_parameters_and_state(cls, options
         graphs.append(graph_module)
         return torch._dynamo.lookup_backend("aot_eager" if not options else "eager")(graph_module, example_inputs)
 
-    step = torch.compile(compiled.step, backend=counting)
+    return torch.compile(step, backend=counting), graphs
+
+
+@pytest.mark.parametrize("cls, options", CASES)
+def test_a_compiled_step_gives_the_eager_steps_parameters_and_state(cls, options):
+    eager_params = new_params()
+    compiled_params = clone_params(eager_params)
+    eager, compiled = cls(eager_params, **options), cls(compiled_params, **options)
+    step, graphs = compiled_counting_graphs(compiled.step, options)
     start = clone_params(eager_params)
     graphs_after = []
     for index in range(STEPS):
@@ -217,14 +223,7 @@ def test_a_compiled_step_with_a_tensor_lr_under_a_torch_scheduler_compiles_no_gr
     compiled_params = clone_params(eager_params)
     eager, compiled = (cls(params, **options, lr=torch.tensor(1e-2)) for params in (eager_params, compiled_params))
     schedulers = [torch.optim.lr_scheduler.LambdaLR(each, lambda step: 1.0 / (1 + step)) for each in (eager, compiled)]
-    torch._dynamo.reset()
-    graphs = []
-
-    def counting(graph_module, example_inputs):
-        graphs.append(graph_module)
-        return torch._dynamo.lookup_backend("aot_eager" if not options else "eager")(graph_module, example_inputs)
-
-    step = torch.compile(compiled.step, backend=counting)
+    step, graphs = compiled_counting_graphs(compiled.step, options)
     graphs_after = []
     for index in range(STEPS):
         feed_gradients((eager, compiled), (eager_params, compiled_params), index)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from tests import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +61,10 @@ def test_every_part_is_a_command_its_script_accepts(tmp_path, monkeypatch, capsy
             result = warm_python.run([sys.executable, *command[1:], "--help"], cwd=ROOT, timeout=300)
             assert result.returncode == 0, f"{name}: {result.stderr[-500:]}"
             continue
-        # The bench scripts in this process, as `python -m` runs them (their imports are this suite's already).
+        # The bench scripts in this process, as `python -m` runs them (their imports are this suite's already), on a
+        # machine with a GPU as the round's: their --device cuda is checked against the CUDA devices there are.
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
         monkeypatch.setattr(sys, "argv", [command[2], *command[3:], "--help"])
         with pytest.raises(SystemExit) as exit:
             runpy.run_module(command[2], run_name="__main__", alter_sys=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.training.test_distributed import ctrl_c_once_training, follow_resume_line, launches
+from tests.training.test_sweep import shell_without_the_venv
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_size=2", "train.block_size=32",
@@ -62,9 +63,12 @@ def test_ctrl_c_ends_with_a_resume_line_that_reruns_the_script_with_the_same_pro
                                    "train.eval_iters=2", "train.eval_interval=20", "train.log_interval=1"],
                                   run_dir, env)
     last = output.splitlines()[-1]
-    assert "SignalException" in output and last.startswith("resume: NPROC=2 "), output
-    assert shlex.split(last)[2] == str(REPO / "scripts" / "launch_single_node.sh"), last
-    without_settings = {name: value for name, value in env.items() if name not in ("NPROC", "RUN_DIR")}
-    resumed = follow_resume_line(last, without_settings)  # the line alone says where and with how many processes
+    assert "SignalException" in output and last.startswith(f"resume: cd {REPO} && NPROC=2 TORCHRUN="), output
+    assert shlex.split(last)[6] == str(REPO / "scripts" / "launch_single_node.sh"), last
+    # The line alone says where, with how many processes and which torchrun: it runs as printed from another
+    # directory, in a shell without the venv (nor torchrun) on its PATH.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    resumed = follow_resume_line(last, {**shell_without_the_venv(), "OMP_NUM_THREADS": "1"}, cwd=elsewhere)
     assert "2 processes | global batch 128 tokens" in resumed and "run finished at step 40 of 40" in resumed
     assert [launch["world_size"] for launch in launches(run_dir)] == [2, 2]

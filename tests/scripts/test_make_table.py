@@ -3,6 +3,7 @@ import csv
 import json
 import logging
 import os
+import shlex
 import statistics
 from pathlib import Path
 
@@ -43,9 +44,9 @@ def test_every_setting_is_listed_with_its_seeds(paper_runs):
     lines = [line for line in table.splitlines() if line.startswith("| OpenWebText | GPT-2 small | 5B |")]
     assert len(lines) == 3
     adamw, best_mars, other_mars = ([cell.strip() for cell in line.strip("|").split("|")] for line in lines)
-    assert adamw[3:10] == ["AdamW", "0.0006", "–", "2", "3.203", "3.203", "0.003"]
-    assert best_mars[3:8] == ["MARS-approx", "0.006", "0.025", "1", "3.110"]
-    assert other_mars[5] == "0.05" and other_mars[7] == "3.120"
+    assert adamw[3:11] == ["AdamW", "0.0006", "–", "–", "2", "3.203", "3.203", "0.003"]
+    assert best_mars[3:9] == ["MARS-approx", "0.006", "0.025", "lr_1d 0.003", "1", "3.110"]
+    assert other_mars[5] == "0.05" and other_mars[8] == "3.120"
     assert "Paper numbers: Yuan et al." in table
 
 
@@ -153,7 +154,7 @@ def test_a_run_stopped_before_its_configured_steps_is_marked_with_where_it_stopp
     assert "adamw-seed3 at step 5,000 of 10,000" in legend
     adamw = next(line for line in table.splitlines() if line.startswith("| OpenWebText | GPT-2 small | 5B | AdamW"))
     cells = [cell.strip() for cell in adamw.strip("|").split("|")]
-    assert cells[6:8] == ["3", "3.302*"]
+    assert cells[7:9] == ["3", "3.302*"]
     assert cells[-2] == "adamw-seed1, adamw-seed2, adamw-seed3 (stopped at step 5,000 of 10,000)"
 
 
@@ -205,9 +206,9 @@ def test_every_setting_shows_its_best_on_fixed_windows_beside_the_papers_procedu
             for line in table.splitlines() if line.startswith(("| OpenWebText | GPT-2 small | 5B | AdamW",
                                                                  "| Shakespeare (embedded) |"))}
     # Mean of the seeds' best, then the fixed windows': seed 2 logged no fixed-window figure, only seed 1 counts.
-    assert rows["OpenWebText"][7:11] == ["3.203", "3.203", "0.003", "3.211"]
+    assert rows["OpenWebText"][8:12] == ["3.203", "3.203", "0.003", "3.211"]
     # A run evaluated on fixed windows: its best is the fixed-window figure.
-    assert rows["Shakespeare (embedded)"][7] == rows["Shakespeare (embedded)"][10] == "6.250"
+    assert rows["Shakespeare (embedded)"][8] == rows["Shakespeare (embedded)"][11] == "6.250"
     assert "fixed windows: the best on the same windows at every evaluation" in table
 
 
@@ -235,7 +236,7 @@ def test_failed_sweep_points_have_rows_of_their_own_with_their_reason(tmp_path, 
     make_failure(sweep / "3_optimizer.lr=-1", "refused", "optimizer.lr must be positive, got -1.0", 0,
                  [*mars, "optimizer.lr=-1"])
     table = make_table(load_runs([str(sweep)]))
-    rows = {(row[4], row[5], row[12].split(" ")[0]): row[6:8] + [row[12]] for row in setting_rows(table)}
+    rows = {(row[4], row[5], row[13].split(" ")[0]): [row[7], row[8], row[13]] for row in setting_rows(table)}
     assert rows == {
         ("0.003", "0.025", "0_gamma=0.025"): ["1", "6.000", "0_gamma=0.025"],
         ("0.003", "0.025", "1_gamma=0.025,seed=2"): [
@@ -261,7 +262,7 @@ def test_a_run_that_blew_up_after_its_best_shows_that_best_as_a_diverged_runs_an
                      eval_steps=[0, 10])
     make_failure(early, "diverged", "val loss 900, above 1.1 x the step-0 val loss 10.8", 10, mars)
     table = make_table(load_runs([str(tmp_path)]))
-    rows = {row[12].split(" ")[0]: row[7:9] for row in setting_rows(table)}
+    rows = {row[13].split(" ")[0]: row[8:10] for row in setting_rows(table)}
     assert rows == {"blown": ["failed (diverged; best before: 7.592)", "1471.300"],
                     "early": ["failed (diverged)", "900.000"]}
     assert table_rows(table, "### Shakespeare (embedded): best validation loss")["MARS-approx"] == ["–"]
@@ -275,8 +276,8 @@ def test_two_runs_of_one_seed_count_once_and_the_table_says_which_it_kept(tmp_pa
     make_run(tmp_path / "13-00-00" / "1_seed=2", [*adamw, "train.seed=2"], [10.8, 6.4], 1024)
     table = make_table(load_runs([str(tmp_path)]))
     [row] = setting_rows(table)
-    assert row[6:8] == ["2", f"{(6.2 + 6.4) / 2:.3f}"]  # seeds 1337 and 2, nothing stopped
-    assert row[12] == ("0_optimizer=adamw, 1_seed=2; left out: 12-00-00/0_optimizer=adamw (seed 1337 as "
+    assert row[7:9] == ["2", f"{(6.2 + 6.4) / 2:.3f}"]  # seeds 1337 and 2, nothing stopped
+    assert row[13] == ("0_optimizer=adamw, 1_seed=2; left out: 12-00-00/0_optimizer=adamw (seed 1337 as "
                        "13-00-00/0_optimizer=adamw, which trained further (step 100 vs 40))")
     assert "are one run, not two seeds" in table
 
@@ -287,8 +288,8 @@ def test_of_two_finished_runs_of_one_seed_the_newest_is_kept(tmp_path, make_run)
     make_run(tmp_path / "b" / "0_optimizer=adamw", adamw, [10.8, 6.3], 1024)
     os.utime(older / "metrics.jsonl", (1e9, 1e9))
     [row] = setting_rows(make_table(load_runs([str(tmp_path)])))
-    assert row[6:8] == ["1", "6.300"]
-    assert row[12].endswith("left out: a/0_optimizer=adamw (seed 1337 as b/0_optimizer=adamw, which is newer, as far "
+    assert row[7:9] == ["1", "6.300"]
+    assert row[13].endswith("left out: a/0_optimizer=adamw (seed 1337 as b/0_optimizer=adamw, which is newer, as far "
                             "as it trained)")
 
 
@@ -445,6 +446,50 @@ def test_the_untrained_step_0_is_no_best_and_the_final_loss_stands_beside_the_be
              eval_steps=[0, 300])
     table = make_table(load_runs([str(tmp_path)]))
     late, early = sorted(setting_rows(table), key=lambda row: row[3])
-    assert late[3] == "AdamW" and late[7:9] == ["7.000", "9.500"]
-    assert early[3] == "MARS-approx" and early[7:9] == ["11.500*", "11.500*"]  # * stopped at step 300
+    assert late[3] == "AdamW" and late[8:10] == ["7.000", "9.500"]
+    assert early[3] == "MARS-approx" and early[8:10] == ["11.500*", "11.500*"]  # * stopped at step 300
     assert "10.822" not in table
+
+
+def readme_table_commands() -> list[list[str]]:
+    """The arguments of each make_table command of the README, in its order."""
+    lines = (REPOSITORY / "README.md").read_text().splitlines()
+    commands = [shlex.split(line, comments=True) for line in lines if line.startswith("python -m scripts.make_table ")]
+    return [command[3:] for command in commands]
+
+
+def test_the_readmes_table_commands_run_top_to_bottom_keep_each_ones_table(tmp_path, make_run, monkeypatch, caplog):
+    # Sweeps of two days and a single run: the README's patterns match runs whose deepest shared directory is
+    # multirun/, where the first command writes its --out.
+    make_run(tmp_path / "multirun" / "2026-11-25" / "10-00-00" / "0_seed1", ["experiment=owt-gpt2-small-5b-adamw"],
+             [10.9, 3.6, 3.201], TOKENS_PER_STEP)
+    make_run(tmp_path / "multirun" / "2026-11-26" / "10-00-00" / "0_gamma",
+             ["experiment=owt-gpt2-small-5b-mars-approx"], [10.9, 3.4, 3.110], TOKENS_PER_STEP)
+    make_run(tmp_path / "outputs" / "2026-11-24" / "09-00-00", ["experiment=owt-gpt2-small-5b-adamw", "train.seed=2"],
+             [10.9, 3.7, 3.205], TOKENS_PER_STEP)
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level(logging.INFO)
+    commands = readme_table_commands()
+    assert len(commands) >= 2
+    written = {}
+    for argv in commands:
+        caplog.clear()
+        main(argv)
+        said = caplog.records[-1].getMessage()
+        out = Path(said.removeprefix("wrote ")).resolve()
+        assert said.startswith("wrote ") and out not in written, caplog.text  # a file of its own, none replaced
+        written[out] = shlex.join(["python", "-m", "scripts.make_table", *argv])
+    for out, command in written.items():
+        assert out.read_text().startswith(f"<!-- {command} ("), out
+    assert sum("### Tokens and training time" in out.read_text() for out in written) == 1
+
+
+def test_a_table_written_over_an_existing_file_says_it_replaced_it(paper_runs, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    out = paper_runs / "val_loss_table.md"
+    out.write_text("an earlier table")
+    main([str(paper_runs / "*")])
+    assert caplog.records[-1].getMessage() == f"replaced {out}" and "3.203 / 3.193" in out.read_text()
+    main([str(paper_runs / "*"), "--target-loss", "3.3"])  # its own file: the table above stays
+    assert caplog.records[-1].getMessage() == f"wrote {paper_runs / 'val_loss_table_target_3.3.md'}"
+    assert "### Tokens" not in out.read_text()

@@ -6,11 +6,14 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from matplotlib.colors import rgb_to_hsv, same_color, to_rgb
 
 import scripts.plot_curves as plot_curves_module
+from reporting.failure_band import FAILED_BAND, FAILED_NOTE
 from reporting.run_reading import Run
 from reporting.run_selection import Setting, load_runs
-from scripts.plot_curves import curve_label, group_figure, main, plot_curves, seed_curves, training_seconds
+from scripts.plot_curves import (curve_label, every_point_lines, group_figure, main, plot_curves, seed_curves,
+                                 training_seconds)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -28,7 +31,7 @@ def test_one_figure_per_model_size_against_tokens_and_against_time(paper_runs, m
 
 def test_each_optimizer_is_drawn_from_its_best_setting(paper_runs, tmp_path, monkeypatch):
     drawn = []
-    monkeypatch.setattr(plot_curves_module, "plot_group", lambda lines, *args: drawn.append(lines))
+    monkeypatch.setattr(plot_curves_module, "plot_group", lambda lines, *args, **kwargs: drawn.append(lines))
     plot_curves(load_runs([str(paper_runs)]), tmp_path)
     lines = drawn[0]
     # MARS ran with two gammas: the line says which it drew; AdamW's seeds are one setting, nothing to say.
@@ -41,7 +44,7 @@ def test_a_line_cut_short_by_a_stopped_seed_says_which_and_where(paper_runs, mak
     make_run(paper_runs / "adamw-seed3", ["experiment=owt-gpt2-small-5b-adamw", "train.seed=3"], [10.9, 3.6],
              tokens_per_step=491_520, eval_steps=[0, 5000])
     drawn = []
-    monkeypatch.setattr(plot_curves_module, "plot_group", lambda lines, *args: drawn.append(lines))
+    monkeypatch.setattr(plot_curves_module, "plot_group", lambda lines, *args, **kwargs: drawn.append(lines))
     with caplog.at_level(logging.WARNING):
         plot_curves(load_runs([str(paper_runs)]), tmp_path)
     figure = group_figure(drawn[0], "tokens", "GPT-2 small")
@@ -137,7 +140,7 @@ def gamma_sweep(tmp_path, make_run, make_failure) -> Path:
 def test_every_point_draws_a_line_per_setting_labelled_by_the_swept_value_in_numeric_order(gamma_sweep, tmp_path,
                                                                                           monkeypatch):
     drawn = []
-    monkeypatch.setattr(plot_curves_module, "plot_group", lambda lines, *args: drawn.append(lines))
+    monkeypatch.setattr(plot_curves_module, "plot_group", lambda lines, *args, **kwargs: drawn.append(lines))
     plot_curves(load_runs([str(gamma_sweep)]), tmp_path / "curves", every_point=True)
     lines = drawn[0]
     figure = group_figure(lines, "tokens", "every point")
@@ -147,12 +150,54 @@ def test_every_point_draws_a_line_per_setting_labelled_by_the_swept_value_in_num
         "AdamW", "MARS-approx, gamma=0.005", "MARS-approx, gamma=0.025", "MARS-approx, gamma=0.05",
         "MARS-approx, gamma=0.5 (diverged at step 60)"]
     assert [text.get_text() for text in axes.texts] == [
-        f"{plot_curves_module.NOT_DRAWN_NOTE}\nMARS-approx, gamma=-0.1 (refused; no evaluation)"]
-    # The failed point: dashed, a cross at the last evaluation.
+        f"{plot_curves_module.NOT_DRAWN_NOTE}\nMARS-approx, gamma=-0.1 (refused; no evaluation)", FAILED_NOTE]
+    # The failed point: dashed to its last evaluation, and a cross in the band above the axes at its failure's step.
     styles = [(line.get_linestyle(), line.get_marker(), line.get_xdata().size) for line in axes.lines]
-    assert styles == [("-", "None", 3), ("-", "None", 3), ("-", "None", 3), ("-", "None", 3), ("--", "x", 2)]
-    assert axes.lines[-1].get_markevery() == [-1]
+    assert styles == [("-", "None", 3), ("-", "None", 3), ("-", "None", 3), ("-", "None", 3), ("--", "None", 2),
+                      ("None", "x", 1)]
+    cross = axes.lines[-1]
+    assert cross.get_transform() == axes.get_xaxis_transform() and cross.get_ydata().tolist() == [FAILED_BAND]
+    failed = next(setting for label, setting in lines if setting.failed)
+    assert cross.get_xdata().tolist() == [60 * failed.first.budget / failed.first.max_iters / 1e3]  # step 60, in K
+    assert same_color(cross.get_color(), axes.lines[-2].get_color())
     plt.close(figure)
+
+
+def test_a_point_that_failed_before_its_first_evaluation_is_a_cross_above_the_axes_where_it_failed(
+        make_run, make_failure, tmp_path):
+    # Diverged at step 30 with the step-0 evaluation alone: its mark is at 30 steps' tokens above the axes, not a
+    # cross at 0 tokens under the start of every line.
+    mars = [*TINY, "optimizer=mars-adamw"]
+    for gamma, loss in ((0.005, 6.1), (0.025, 6.0)):
+        make_run(tmp_path / f"mars-{gamma}", [*mars, f"optimizer.gamma={gamma}"], [10.8, loss], 1024)
+    early = make_run(tmp_path / "mars-0.5", [*mars, "optimizer.gamma=0.5"], [10.8], 1024, eval_steps=[0])
+    make_failure(early, "diverged", "the loss is nan at step 31", 30, [*mars, "optimizer.gamma=0.5"])
+    [lines] = every_point_lines(load_runs([str(tmp_path)])).values()
+    for x_axis in ("tokens", "time"):
+        figure = group_figure(lines, x_axis, "every point")
+        axes = figure.axes[0]
+        figure.canvas.draw()
+        [cross] = [line for line in axes.lines if line.get_marker() == "x"]
+        renderer = figure.canvas.get_renderer()
+        height = axes.get_xaxis_transform().transform((0, cross.get_ydata()[0]))[1]
+        assert height > axes.get_window_extent(renderer).y1  # above the axes, where no line runs
+        if x_axis == "tokens":  # at step 30, not at 0 with the step-0 evaluation (it logged no step time)
+            assert cross.get_xdata().tolist() == [30 * 1024 / 1000]  # tokens of 30 steps, in thousands
+        assert FAILED_NOTE in [text.get_text() for text in axes.texts]
+        plt.close(figure)
+
+
+def test_every_point_gives_each_optimizer_a_hue_and_its_settings_shades_of_it(gamma_sweep, tmp_path):
+    [lines] = every_point_lines(load_runs([str(gamma_sweep)])).values()
+    colors = plot_curves_module.optimizer_shades(lines)
+    optimizers = [setting.first.optimizer for _, setting in lines]
+    hues = {optimizer: [rgb_to_hsv(to_rgb(color))[0] for color, other in zip(colors, optimizers) if other == optimizer]
+            for optimizer in set(optimizers)}
+    assert all(max(each) - min(each) < 0.05 for each in hues.values()), hues  # one hue an optimizer
+    (first, *_), (second, *_) = hues.values()
+    assert abs(first - second) > 0.2, hues  # each its own
+    mars = [to_rgb(color) for color, optimizer in zip(colors, optimizers) if optimizer == "mars-approx"]
+    assert len(set(mars)) == len(mars) > 1  # a shade a setting
 
 
 @pytest.mark.parametrize("every_point", [False, True])
@@ -163,7 +208,7 @@ def test_runs_whose_every_loss_is_nan_are_listed_under_the_axes_and_the_healthy_
              [math.nan, math.nan, math.nan], 1024)
     make_run(tmp_path / "runs" / "mars", [*TINY, "optimizer=mars-adamw"], [10.8, 7.0, 6.4], 1024)
     drawn = []
-    monkeypatch.setattr(plot_curves_module, "plot_group", lambda lines, *args: drawn.append(lines))
+    monkeypatch.setattr(plot_curves_module, "plot_group", lambda lines, *args, **kwargs: drawn.append(lines))
     plot_curves(load_runs([str(tmp_path / "runs")]), tmp_path / "curves", every_point=every_point)
     figure = group_figure(drawn[0], "tokens", "fp16")
     axes = figure.axes[0]
@@ -200,7 +245,7 @@ def test_a_run_that_blew_up_leaves_the_frame_as_triangles_and_the_healthy_curves
     make_failure(make_run(gamma_sweep / "mars-lr=1e8", nan, [10.8, math.nan], 1024, eval_steps=[0, 50]),
                  "diverged", "non-finite val loss nan", 50, nan)
     drawn = []
-    monkeypatch.setattr(plot_curves_module, "plot_group", lambda lines, *args: drawn.append(lines))
+    monkeypatch.setattr(plot_curves_module, "plot_group", lambda lines, *args, **kwargs: drawn.append(lines))
     plot_curves(load_runs([str(gamma_sweep)]), tmp_path / "curves", every_point=True)
     figure = group_figure(drawn[0], "tokens", "every point")
     axes = figure.axes[0]
@@ -214,6 +259,5 @@ def test_a_run_that_blew_up_leaves_the_frame_as_triangles_and_the_healthy_curves
     assert all(line.get_transform() == axes.get_xaxis_transform() for line in triangles)
     assert [text.get_text() for text in axes.texts] == [
         f"{plot_curves_module.CLIPPED_NOTE} (up to 981)\n{plot_curves_module.NOT_DRAWN_NOTE}\n"
-        "MARS-approx, gamma=-0.1, lr=0.003 (refused; no evaluation)"]
+        "MARS-approx, gamma=-0.1, lr=0.003 (refused; no evaluation)", FAILED_NOTE]
     plt.close(figure)
-

@@ -6,8 +6,9 @@ import matplotlib.pyplot as plt
 import pytest
 from matplotlib.colors import same_color
 
+from reporting.failure_band import FAILED_BAND, FAILED_NOTE, FAILED_SPACING
 from reporting.run_selection import load_runs
-from scripts.plot_sweep import FAILED_SPACING, REFUSED_NOTE, STOPPED_NOTE, main, panel_figure, sweep_lines
+from scripts.plot_sweep import REFUSED_NOTE, STOPPED_NOTE, main, panel_figure, sweep_lines
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TINY = ["model=tiny", "data=embedded", "train.max_iters=100"]
@@ -135,14 +136,14 @@ def test_a_diverged_point_is_a_triangle_above_the_axes_and_a_refused_one_is_list
     assert [(x, run.failure["kind"]) for x, run in line.refused] == [(-0.1, "refused")]
     figure = panel_figure([line], "gamma", "sweep")
     axes = figure.axes[0]
-    assert triangles(axes) == [([0.5], [1])]
+    assert triangles(axes) == [([0.5], [FAILED_BAND])]
     triangle = next(drawn for drawn in axes.lines if drawn.get_marker() == "^")
-    assert triangle.get_transform() == axes.get_xaxis_transform()  # y 1: the axes' top edge, above every loss
+    assert triangle.get_transform() == axes.get_xaxis_transform()  # above the axes' top edge, above every loss
     assert same_color(triangle.get_color(), axes.containers[0].lines[0].get_color())
     assert axes.get_xlim()[0] > -0.05  # the refused -0.1 does not stretch the axis
     assert legend_texts(figure) == ["MARS-approx", "MARS-approx, gamma 0.5: diverged at step 3"]
     assert [text.get_text() for text in axes.texts] == [
-        f"{REFUSED_NOTE}\nMARS-approx, gamma -0.1: gamma must be >= 0, got -0.1"]
+        FAILED_NOTE, f"{REFUSED_NOTE}\nMARS-approx, gamma -0.1: gamma must be >= 0, got -0.1"]
     figure.savefig(tmp_path / "gamma_sweep.png")
     plt.close(figure)
 
@@ -159,8 +160,8 @@ def test_failed_points_at_one_value_are_stacked_and_a_line_without_a_healthy_poi
     [lines] = sweep_lines(load_runs([str(tmp_path)]), "lr").values()
     figure = panel_figure(lines, "lr", "sweep")
     axes = figure.axes[0]
-    assert sorted(triangles(axes)) == [([10.0], [1 - FAILED_SPACING]), ([10.0], [1.0]), ([20.0], [1 - FAILED_SPACING]),
-                                       ([20.0], [1.0])]
+    assert sorted(triangles(axes)) == [([10.0], [FAILED_BAND]), ([10.0], [FAILED_BAND + FAILED_SPACING]),
+                                       ([20.0], [FAILED_BAND]), ([20.0], [FAILED_BAND + FAILED_SPACING])]
     assert legend_texts(figure)[0] == "MARS-approx, gamma 0.025"
     assert "MARS-approx, gamma 0.05" not in legend_texts(figure)  # no curve: its triangles carry its label
     assert all(text.get_text() for text in figure.axes[0].get_legend().get_texts())
@@ -204,7 +205,7 @@ def test_a_blown_up_point_is_above_the_best_healthy_point_and_the_legend_is_name
     [(_, [top])] = triangles(axes)
     healthy = axes.containers[0].lines[0]
     lowest_healthy = min(healthy.get_ydata())
-    assert top == 1.0 and to_pixels.transform((10, top))[1] > axes.transData.transform((3e-3, lowest_healthy))[1]
+    assert top == FAILED_BAND and to_pixels.transform((10, top))[1] > axes.transData.transform((3e-3, lowest_healthy))[1]
     low, high = axes.get_ylim()
     assert low <= lowest_healthy <= high  # the best point is on the axes, the lowest marker drawn
     marker_heights = [axes.transData.transform((0, y))[1] for y in healthy.get_ydata()]
@@ -224,4 +225,29 @@ def test_a_refused_points_long_reason_under_the_axes_is_no_wider_than_them(sweep
     [note] = figure.axes[0].texts
     assert note.get_text().startswith(f"{REFUSED_NOTE}\nMARS-approx, gamma -0.1: optimizer.gamma must be >= 0")
     assert extent(note).width <= extent(figure.axes[0]).width
+    plt.close(figure)
+
+
+def test_failed_points_of_three_optimizers_at_one_lr_lie_above_the_axes_where_no_value_reaches(
+        tmp_path, make_run, make_failure):
+    # AdamW, Muon and MARS each diverged at lr 10, MARS's healthy lr 1e-3 point the highest loss drawn: the three
+    # triangles stack in the band above the axes' top edge, under the title, never among the values.
+    for optimizer, losses in (("adamw", (6.5, 6.3)), ("muon", (6.6, 6.2)), ("mars-adamw", (6.946, 6.5))):
+        for lr, loss in zip((1e-3, 3e-3), losses):
+            make_run(tmp_path / f"{optimizer}-{lr}", [*TINY, f"optimizer={optimizer}", f"optimizer.lr={lr}"],
+                     [10.8, loss], 1024)
+        make_failure(tmp_path / f"{optimizer}-10", "diverged", "val loss 981", 20,
+                     [*TINY, f"optimizer={optimizer}", "optimizer.lr=10"])
+    [lines] = sweep_lines(load_runs([str(tmp_path)]), "lr").values()
+    figure = panel_figure(lines, "lr", "sweep")
+    axes = figure.axes[0]
+    figure.canvas.draw()
+    top_edge = extent(axes).y1
+    heights = sorted(axes.get_xaxis_transform().transform((10, y))[1] for _, [y] in triangles(axes))
+    assert len(heights) == 3 and heights[0] > top_edge, (heights, top_edge)
+    assert len(set(heights)) == 3  # stacked, one over another
+    assert extent(axes.title).y0 > heights[-1]  # the title clears the band
+    assert axes.get_ylim()[1] >= 6.946  # every healthy point on the axes
+    band_label, = [text for text in axes.texts if text.get_text() == FAILED_NOTE]
+    assert extent(band_label).y0 > top_edge
     plt.close(figure)

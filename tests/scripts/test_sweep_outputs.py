@@ -3,6 +3,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from reporting.failure_band import FAILED_NOTE
 from reporting.run_selection import load_runs
 import scripts.plot_curves as plot_curves_module
 from scripts.make_table import make_table
@@ -41,7 +42,7 @@ def test_the_table_and_the_figures_show_every_point_of_a_sweep(tmp_path, make_ru
     plt.close(panel_figure([line], "gamma", "sweep"))
 
     drawn = []
-    monkeypatch.setattr(plot_curves_module, "plot_group", lambda lines, *args: drawn.append(lines))
+    monkeypatch.setattr(plot_curves_module, "plot_group", lambda lines, *args, **kwargs: drawn.append(lines))
     plot_curves_module.plot_curves(runs, tmp_path / "curves", every_point=True)
     names = [f"MARS-approx, gamma={gamma}" for gamma in (-1.0, *GAMMAS, 1.0)]
     assert [label for label, _ in drawn[0]] == names
@@ -49,5 +50,5 @@ def test_the_table_and_the_figures_show_every_point_of_a_sweep(tmp_path, make_ru
     legend = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
     assert legend == [*names[1:-1], f"{names[-1]} (diverged at step 6)"]  # the refused point draws nothing...
     assert [text.get_text() for text in figure.axes[0].texts] == [  # ...and is listed under the axes
-        f"{plot_curves_module.NOT_DRAWN_NOTE}\n{names[0]} (refused; no evaluation)"]
+        f"{plot_curves_module.NOT_DRAWN_NOTE}\n{names[0]} (refused; no evaluation)", FAILED_NOTE]
     plt.close(figure)

@@ -283,9 +283,9 @@ def ctrl_c_once_training(command, run_dir, env=None) -> str:
     return output.read()
 
 
-def follow_resume_line(line: str, env=None) -> str:
-    """Run a printed ``resume: ...`` line as a user would paste it into a shell; returns its output."""
-    result = subprocess.run(["bash", "-c", line.split("resume: ", 1)[1]], cwd=REPO, env=env,
+def follow_resume_line(line: str, env=None, cwd=REPO) -> str:
+    """Run a printed ``resume: ...`` line as a user would paste it into a shell in ``cwd``; returns its output."""
+    result = subprocess.run(["bash", "-c", line.split("resume: ", 1)[1]], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     assert result.returncode == 0, result.stdout
     return result.stdout
@@ -301,7 +301,7 @@ def test_the_resume_line_after_ctrl_c_under_torchrun_resumes_with_torchrun_and_t
     output = ctrl_c_once_training([*TORCHRUN, "train.py", f"hydra.run.dir={run_dir}", *SMALL, "train.max_iters=40",
                                    "train.eval_interval=20", "train.checkpoint_interval=40"], run_dir)
     resume, = [line for line in output.splitlines() if "] - resume: " in line]
-    assert shlex.split(resume.split("resume: ")[1])[:5] == TORCHRUN, resume
+    assert shlex.split(resume.split("resume: ")[1])[:8] == ["cd", str(REPO), "&&", *TORCHRUN], resume
     resumed = follow_resume_line(resume)
     assert "2 processes | global batch 128 tokens" in resumed, resumed
     assert "run finished at step 40 of 40" in resumed, resumed

@@ -1,6 +1,10 @@
 """The console line of a metrics record (the numbers a person watches, the ETA in hours/minutes/seconds), and
 the log's rewrite on a resume."""
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -8,6 +12,8 @@ import pytest
 from configs.schema import WandbMode
 from training.metrics import (METRICS_FILE, MetricsLogger, MetricsWriteError, format_duration, format_record,
                               read_metrics)
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("seconds, text", [(5.6, "6s"), (245, "4m05s"), (3723, "1h02m03s"), (0, "0s")])
@@ -69,3 +75,43 @@ def test_undecodable_and_foreign_lines_of_the_log_are_skipped_and_the_rest_read(
     (tmp_path / METRICS_FILE).write_bytes(json.dumps(good[0]).encode() + b"\n\xff\xfe\x00garbage\n5\n{}\n"
                                           + json.dumps(good[1]).encode() + b"\n")
     assert read_metrics(tmp_path) == good
+
+
+WANDB_DIES_UNDER_THE_RUN = """
+import os, signal, sys
+from pathlib import Path
+from types import SimpleNamespace
+from configs.schema import WandbMode
+from training.metrics import MetricsLogger
+
+run_dir = Path(sys.argv[1])
+logger = MetricsLogger(run_dir, SimpleNamespace(mode=WandbMode.offline, project="p", entity=None, init_timeout_s=60),
+                       {}, "run")
+logger.log({"step": 1, "train/loss": 3.0})
+# wandb's service process, which this process started: it dies (killed, out of memory) while the run trains.
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\\0")
+    except OSError:
+        continue
+    if command[0].endswith(b"wandb-core") and str(os.getpid()).encode() in command:
+        os.kill(int(pid), signal.SIGKILL)
+        os.waitpid(int(pid), 0)
+logger.log({"step": 2, "train/loss": 2.0})
+logger.log({"step": 3, "train/loss": 1.0})
+logger.close()
+print("trained on")
+"""
+
+
+@pytest.mark.slow
+def test_a_wandb_that_dies_under_the_run_is_let_go_with_one_warning_and_the_log_keeps_every_step(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
+           "WANDB_MODE": "offline"}
+    result = subprocess.run([sys.executable, "-c", WANDB_DIES_UNDER_THE_RUN, str(tmp_path)], capture_output=True,
+                            text=True, timeout=300, env=env, cwd=REPO)
+    assert result.returncode == 0 and result.stdout.strip().endswith("trained on"), result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.count("wandb failed at step 2 (") == 1, result.stderr
+    assert "the run goes on without it, every record in" in result.stderr
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]

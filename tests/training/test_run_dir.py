@@ -221,9 +221,8 @@ def test_a_run_directory_that_cannot_be_locked_is_one_line(tmp_path):
 
 
 @pytest.fixture
-def full_file_system(tmp_path):
-    """A real file system with no space left: a 1 MB tmpfs filled by a ballast file (mounting needs root, as CI
-    runs)."""
+def small_file_system(tmp_path):
+    """A real file system of 1 MB, a tmpfs, to fill (mounting needs root, as CI runs)."""
     mount_point = tmp_path / "full"
     mount_point.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
@@ -231,13 +230,24 @@ def full_file_system(tmp_path):
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a 1 MB tmpfs to fill (needs root): {mounted.stderr.strip()}")
     try:
-        with open(mount_point / "ballast", "wb", buffering=0) as ballast, pytest.raises(OSError, match="No space left"):
-            while True:
-                ballast.write(b"\0" * 4096)
-                ballast.flush()
         yield mount_point
     finally:
         subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def fill_up(mount_point: Path) -> None:
+    """Leave no space on the file system at ``mount_point``: a ballast file takes all there is."""
+    with open(mount_point / "ballast", "wb", buffering=0) as ballast, pytest.raises(OSError, match="No space left"):
+        while True:
+            ballast.write(b"\0" * 4096)
+            ballast.flush()
+
+
+@pytest.fixture
+def full_file_system(small_file_system):
+    """A real file system with no space left."""
+    fill_up(small_file_system)
+    return small_file_system
 
 
 @pytest.mark.slow
@@ -246,6 +256,21 @@ def test_a_run_directory_on_a_full_file_system_is_one_line_naming_it_and_the_spa
     result = train(run_dir)
     assert_one_line_error(result, f"cannot lock {run_dir} (No space left on device)", "space")
     assert result.stderr.strip().splitlines()[-1].startswith("error: "), result.stderr
+
+
+@pytest.mark.slow
+def test_a_resume_refused_on_a_full_disk_leaves_nothing_in_the_run_directory(small_file_system):
+    run_dir = small_file_system / "run"
+    run_dir.mkdir()
+    (run_dir / "run.lock").write_text("host h, pid 1, since 2026-01-01T00:00:00\n")  # the run before held it
+    fill_up(small_file_system)
+    for attempt in range(2):
+        result = train(run_dir, "train.resume=true")
+        assert_one_line_error(result, f"cannot write checkpoints to {checkpoint_dir(run_dir)} (No space left on "
+                                      "device)")
+        # Hydra's job log aside (opened before the run starts), the directory as it was: no probe, no checkpoints/.
+        assert sorted(path.name for path in run_dir.iterdir()) == ["run.lock", "train.log"], attempt
+        assert (run_dir / "run.lock").read_text() == "host h, pid 1, since 2026-01-01T00:00:00\n"
 
 
 @pytest.mark.slow

@@ -11,13 +11,17 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from omegaconf import OmegaConf
 
 import matplotlib.pyplot as plt
 
+from configs.compose import compose_config
 from data.embedded import prepare_embedded
 from reporting.run_selection import load_runs
 from scripts.make_table import make_table
 from scripts.plot_curves import CLIPPED_NOTE, NOT_DRAWN_NOTE, every_point_lines, group_figure
+from reporting.failure_band import FAILED_BAND, FAILED_NOTE
 from scripts.plot_sweep import panel_figure, sweep_lines
 from training.metrics import read_metrics
 from tests import warm_python
@@ -107,7 +111,7 @@ def test_a_single_run_that_fails_records_why_and_a_later_launch_that_trains_clea
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 1 and last.startswith("error: diverged at step "), result.stderr
     # The advice ends on the exact command that resumes the run, as the closing summary gives it.
-    assert last.endswith(f": {shlex.join([*command, 'optimizer.lr=1e8'][:2])} {shlex.join(TINY)} "
+    assert last.endswith(f": cd {REPO} && {shlex.join([*command, 'optimizer.lr=1e8'][:2])} {shlex.join(TINY)} "
                          f"train.max_iters=3 train.eval_interval=3 optimizer.lr=1e8 hydra.run.dir={tmp_path} "
                          "train.resume=true"), last
     assert failure(tmp_path)["kind"] == "diverged" and failure(tmp_path)["overrides"][-1] == "optimizer.lr=1e8"
@@ -161,16 +165,21 @@ def printed_commands(log: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_every_command_a_run_prints_runs_as_printed_in_a_shell_without_the_venv_activated(tmp_path):
-    first = warm_python.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *TINY, "train.max_iters=2",
-                             "train.eval_interval=2"], cwd=REPO, timeout=600)
+def test_every_command_a_run_prints_runs_as_printed_from_another_directory_in_a_shell_without_the_venv(tmp_path):
+    # Launched from a directory of its own with a relative run directory, the printed lines run from a third one.
+    launched_in, elsewhere = tmp_path / "launched_in", tmp_path / "elsewhere"
+    launched_in.mkdir()
+    elsewhere.mkdir()
+    first = warm_python.run([sys.executable, str(REPO / "train.py"), "hydra.run.dir=run", *TINY, "train.max_iters=2",
+                             "train.eval_interval=2"], cwd=launched_in, timeout=600)
     assert first.returncode == 0, first.stderr
     for name, command in printed_commands(first.stdout).items():
-        ran = subprocess.run(["bash", "-c", command], cwd=REPO, env=shell_without_the_venv(), capture_output=True,
+        ran = subprocess.run(["bash", "-c", command], cwd=elsewhere, env=shell_without_the_venv(), capture_output=True,
                              text=True, timeout=600)
         assert ran.returncode == 0, f"{name}: {command}\n{ran.stdout}{ran.stderr}"
         if name == "table":
-            assert str(tmp_path.name) in ran.stdout or "val loss" in ran.stdout, ran.stdout
+            assert (launched_in / "val_loss_table.md").is_file(), ran.stdout + ran.stderr
+            assert "Shakespeare (embedded)" in ran.stdout, ran.stdout
         else:  # the run had finished: the resume finds nothing left to train
             assert "nothing to do" in ran.stdout + ran.stderr, ran.stdout + ran.stderr
 
@@ -196,9 +205,9 @@ def test_an_interrupted_sweep_starts_no_other_point_and_resumes_in_place_with_it
                                     f"are skipped) with: {resume}"), log
     assert f"] - resume: {resume}\n" in log  # the interrupted point's closing summary names the same command
 
-    # Run as printed, from a shell where the venv was never activated.
-    result = subprocess.run(["bash", "-c", resume], cwd=REPO, env=shell_without_the_venv(), capture_output=True,
-                            text=True, timeout=600)
+    # Run as printed, from another directory, in a shell where the venv was never activated.
+    result = subprocess.run(["bash", "-c", resume], cwd=tmp_path.parent, env=shell_without_the_venv(),
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 1 and "2 of 6 sweep points failed" in result.stderr, result.stderr
     assert {path: path.stat().st_mtime_ns for path in first.glob("checkpoints/*.pt")} == checkpoint_time
     assert (first / "metrics.jsonl").read_text() == first_log  # finished: not retrained
@@ -261,12 +270,12 @@ def test_a_sweep_with_a_finite_blow_up_and_a_refused_gamma_gives_a_table_and_fig
 
     runs = load_runs([str(tmp_path)])
     rows = setting_rows(make_table(runs))
-    assert rows[("10", "0.025")][7:9] == ["failed (diverged)", f"{val_losses(blown)[2]:.3f}"]
-    assert f"(diverged at step 2: {record['reason']})" in rows[("10", "0.025")][12]
+    assert rows[("10", "0.025")][8:10] == ["failed (diverged)", f"{val_losses(blown)[2]:.3f}"]
+    assert f"(diverged at step 2: {record['reason']})" in rows[("10", "0.025")][13]
     for lr, run_dir in zip(("0.001", "0.003"), healthy):
         trained = [loss for step, loss in val_losses(run_dir).items() if step > 0]
-        assert rows[(lr, "0.025")][7:9] == [f"{min(trained):.3f}", f"{trained[-1]:.3f}"]  # best, final; not step 0
-    assert [row[7] for key, row in rows.items() if key[1] == "-0.1"] == ["failed (refused)"] * 3
+        assert rows[(lr, "0.025")][8:10] == [f"{min(trained):.3f}", f"{trained[-1]:.3f}"]  # best, final; not step 0
+    assert [row[8] for key, row in rows.items() if key[1] == "-0.1"] == ["failed (refused)"] * 3
 
     [lr_lines] = sweep_lines(runs, "lr").values()
     figure = panel_figure(lr_lines, "lr", "lr")
@@ -280,11 +289,11 @@ def test_a_sweep_with_a_finite_blow_up_and_a_refused_gamma_gives_a_table_and_fig
     assert axes.get_legend().get_window_extent(renderer).width <= axes.get_window_extent(renderer).width
     # The blow-up on the top edge, above every healthy point: the lowest marker is the best healthy point.
     [blow_up] = [line for line in axes.lines if line.get_marker() == "^"]
-    assert (blow_up.get_xdata().tolist(), blow_up.get_ydata().tolist()) == ([10.0], [1.0])
+    assert (blow_up.get_xdata().tolist(), blow_up.get_ydata().tolist()) == ([10.0], [FAILED_BAND])
     assert blow_up.get_transform() == axes.get_xaxis_transform()
     healthy_means = axes.containers[0].lines[0].get_ydata()
     assert axes.get_ylim()[0] <= min(healthy_means) < max(healthy_means) <= axes.get_ylim()[1]
-    [note] = axes.texts
+    [note] = [text for text in axes.texts if text.get_text() != FAILED_NOTE]
     assert note.get_text().replace("\n  ", " ").splitlines()[1:] == [  # one entry each, wrapped to the axes
         f"MARS-approx, gamma -0.1, lr {lr}: optimizer.gamma must be >= 0, got -0.1" for lr in ("0.001", "0.003", "10")]
     plt.close(figure)
@@ -299,7 +308,8 @@ def test_a_sweep_with_a_finite_blow_up_and_a_refused_gamma_gives_a_table_and_fig
     [triangles] = [line for line in axes.lines if line.get_marker() == "^"]
     assert triangles.get_xdata().size == 1 and [text.get_text() for text in axes.texts] == ["\n".join(
         [f"{CLIPPED_NOTE} (up to {val_losses(blown)[2]:.4g})", NOT_DRAWN_NOTE,
-         *(f"MARS-approx, gamma=-0.1, lr={lr} (refused; no evaluation)" for lr in ("0.001", "0.003", "10.0"))])]
+         *(f"MARS-approx, gamma=-0.1, lr={lr} (refused; no evaluation)" for lr in ("0.001", "0.003", "10.0"))]),
+        FAILED_NOTE]
     assert len(axes.get_legend().get_texts()) == 3  # the refused points, which draw nothing, have no entry
     plt.close(figure)
 
@@ -317,7 +327,7 @@ def test_a_sweep_whose_every_point_diverged_has_no_best_and_no_figure_but_a_line
     result = sweep(tmp_path, "train.max_iters=4", "train.eval_interval=2", "optimizer.lr=10,20")
     assert result.returncode == 1 and "2 of 2 sweep points failed" in result.stderr, result.stderr
     rows = setting_rows(make_table(load_runs([str(tmp_path)])))
-    assert [row[7] for row in rows.values()] == ["failed (diverged)"] * 2
+    assert [row[8] for row in rows.values()] == ["failed (diverged)"] * 2
     plotted = warm_python.run([sys.executable, "-m", "scripts.plot_sweep", str(tmp_path), "--out", tmp_path / "sweeps"],
                               cwd=REPO, timeout=300)
     assert plotted.returncode == 1 and plotted.stderr.strip().splitlines()[-1] == (
@@ -489,3 +499,32 @@ def test_a_sweep_launched_twice_at_once_into_one_directory_trains_each_point_onc
     assert len(skipped) == 3, outputs  # each point trained by one launch, skipped by the other
     for index in range(3):
         assert failure(point(tmp_path, index)) is None and steps_trained(point(tmp_path, index)) == [1, 2, 3, 4]
+
+
+def lr_1d_ratios(sweep_dir) -> dict[str, float]:
+    """Each point's last checkpoint's ratio of its 1-D rate to its lr, by the point's lr as the table writes it."""
+    ratios = {}
+    for run_dir in Path(sweep_dir).glob("*_*"):
+        checkpoint = torch.load(sorted(run_dir.glob("checkpoints/ckpt_*.pt"))[-1], weights_only=False)
+        lr = OmegaConf.load(run_dir / ".hydra" / "config.yaml").optimizer.lr
+        ratios[f"{lr:g}"] = checkpoint["optimizer"]["param_groups"][0]["lr_1d_ratio"]
+    return ratios
+
+
+@pytest.mark.slow
+def test_a_sweep_of_lr_says_which_rates_each_point_ran_and_moves_lr_1d_in_step_where_asked(tmp_path):
+    # MARS's lr_1d stays at its configured value across a sweep of lr, and the table says so; moved in step with lr
+    # by ${lr_times:R} (docs/sweeps.md), each point runs and shows its own.
+    kept, moved = tmp_path / "kept", tmp_path / "moved"
+    lrs = ["train.max_iters=1", "train.eval_interval=1", "optimizer.lr=1e-3,2e-3"]
+    assert sweep(kept, *lrs).returncode == 0
+    assert sweep(moved, *lrs, "optimizer.lr_1d=${lr_times:0.5}").returncode == 0
+    lr_1d = compose_config([]).optimizer.lr_1d  # the default run's, MARS-AdamW's
+    expected = [(kept, {"0.001": f"lr_1d {lr_1d:g}", "0.002": f"lr_1d {lr_1d:g}"},
+                 {"0.001": lr_1d / 1e-3, "0.002": lr_1d / 2e-3}),
+                (moved, {"0.001": "lr_1d 0.0005", "0.002": "lr_1d 0.001"}, {"0.001": 0.5, "0.002": 0.5})]
+    for sweep_dir, other_lrs, ratios in expected:
+        table = script("make_table", sweep_dir, "--out", sweep_dir / "table.md")
+        assert {lr: row[6] for (lr, _), row in setting_rows(table).items()} == other_lrs, table
+        assert lr_1d_ratios(sweep_dir) == pytest.approx(ratios)
+    assert "a sweep of lr leaves them where they are unless it moves them too" in table
