@@ -31,7 +31,6 @@ kernel), which on a GPU runs ahead of, or holds up, the kernels: the CPU time of
 shared machine's other work does not add to. MARS with Triton is timed with no-op kernels.
 Writes ``results/bench_optimizer_host_time_cpu.{md,json}``.
 """
-import argparse
 import contextlib
 import importlib
 import os
@@ -46,6 +45,7 @@ import torch
 from configs.models import GPT2_SHAPES
 from mars import MARS, MarsM, MarsMEfficient, Moonlight, Muon, available_backends
 from mars.optimizer import triton_is_installed
+from reporting import arguments
 from reporting.bench_report import run_record, write_report
 
 # (layers, width) of the GPT-2 family; vocabulary padded to 50304 and 1024 positions, no biases (nanoGPT).
@@ -330,11 +330,14 @@ def overhead_table(times: dict[str, list[float]], device: torch.device) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", help="default: cuda where there is one, else cpu (--host-time: cpu)")
-    parser.add_argument("--reps", type=int, default=7, help="timed steps per optimizer (median reported)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per optimizer first")
+def main(argv: list[str] | None = None) -> None:
+    parser = arguments.OneLineParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", type=arguments.device,
+                        help="default: cuda where there is one, else cpu (--host-time: cpu)")
+    parser.add_argument("--reps", type=arguments.positive_int, default=7,
+                        help="timed steps per optimizer (median reported)")
+    parser.add_argument("--warmup", type=arguments.non_negative_int, default=2,
+                        help="untimed steps per optimizer first")
     parser.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="small")
     parser.add_argument("--triton-host-overhead", action="store_true",
                         help="time MARS.step (Triton backend) against its kernels alone instead (see above)")
@@ -344,11 +347,9 @@ def main() -> None:
     parser.add_argument("--compiled", action="store_true",
                         help="time each optimizer's eager step beside its torch.compile'd step instead (see above)")
     parser.add_argument("--output-dir", type=Path, default=Path("results"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.host_time + args.triton_host_overhead + args.compiled > 1:
         parser.error("--host-time, --triton-host-overhead and --compiled are three benches: give one")
-    if args.reps < 1:
-        parser.error("--reps must be >= 1")
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.host_time else "cpu"))
     num_params = sum(torch.Size(shape).numel() for shape in gpt2_shapes(args.model_size))

@@ -9,7 +9,9 @@ were several (``MARS-approx (gamma=0.05, best of 2 settings)``). With several se
 the band spans their lowest and highest loss, at the evaluations every seed has. Long runs (``ZOOM_EVALUATIONS``
 evaluations or more) are drawn as the paper does, from the best loss to one unit above it; short ones in full,
 from the first evaluation. Training time is the sum of the logged ``step_ms`` (training steps only: evaluation
-and checkpointing are left out), read at each evaluation.
+and checkpointing are left out), read at each evaluation. Where runs of one optimizer and batch, which do the same
+work per step, went at speeds more than ``SPEED_SPREAD`` apart (their median tokens/s), as on a machine shared with
+other jobs, the time figure says so under the axes, and the command warns: their time axis then shows the load.
 
 A line drawn from a run whose last logged step is short of its max_iters (preempted and never resumed, killed,
 or still running: ``Run.stopped_early``) ends where that run stopped, even if its other seeds went further. Its
@@ -23,11 +25,12 @@ point (refused, diverged: its ``failure.json``) is dashed up to its last evaluat
 the axes, named "failed", marks the step where it failed, visible whatever that step (one that failed before its
 first evaluation after step 0 is no mark under every line's start); its label says how and where it failed. The y
 axis spans what the healthy runs span: a failed run's evaluations above it (a blow-up to a val loss of 981) are
-triangles on the top edge, and a note under the axes says so. A setting with no finite loss to draw (a refused point, or a
-run whose every val loss is NaN, as a float16 evaluation that overflowed writes) has no line and no legend entry:
-it is listed under the axes with what it is, beside the healthy runs' lines.
+triangles on the top edge, and a note under the axes says so. A setting with no finite loss to draw (a refused
+point, or a run whose every val loss is NaN, as a float16 evaluation that overflowed writes) has no line and no
+legend entry: it is listed under the axes with what it is, beside the healthy runs' lines.
 """
 import logging
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -53,6 +56,10 @@ CYCLE_COLORS = 10  # lines the default colour cycle tells apart; more are drawn 
 CLIPPED_NOTE = "y axis: the healthy runs' range; ▲ evaluations of failed runs above it"
 NOT_DRAWN_NOTE = "not drawn, no finite loss:"
 TRIANGLE_SPACING = 0.04  # in axes heights, between the triangles of runs that left the frame at one x
+# Runs of one optimizer and batch (the same work per step) whose speeds differ by more than this factor ran under
+# different loads (a machine shared with other jobs): their training time measures the load as much as the optimizer.
+SPEED_SPREAD = 1.25
+SPEED_NOTE = "same work, other speeds (a machine under another load?), so the time axis shows the load too:"
 # The colour maps of --every-point, one per optimizer: sequential, so that shades of one tell its settings apart.
 SHADES = ("Blues", "Oranges", "Greens", "Reds", "Purples", "Greys", "YlOrBr", "PuRd")
 
@@ -126,6 +133,8 @@ def group_figure(lines: list[tuple[str, Setting]], x_axis: str, title: str,
     axes.set_xlabel(f"{quantity} ({unit})" if unit else quantity)
     axes.set_ylabel("validation loss")
     notes = [set_loss_range(axes, drawn)] if drawn else []
+    if x_axis == "time":
+        notes.append(speed_spread_note([setting for _, setting in lines]))
     if not_drawn:
         notes.append("\n".join([NOT_DRAWN_NOTE, *not_drawn]))
     if any(notes):  # under the x label
@@ -137,6 +146,22 @@ def group_figure(lines: list[tuple[str, Setting]], x_axis: str, title: str,
     if drawn:  # beside the axes: a sweep's every point makes a long legend, which inside would hide the curves
         axes.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
     return figure
+
+
+def speed_spread_note(settings: list[Setting]) -> str:
+    """For a figure against training time: the optimizers whose runs did the same work per step (one optimizer and
+    batch, in one model's figure; their lr or gamma costs nothing) at speeds more than ``SPEED_SPREAD`` apart, each
+    run's median tokens/s, with the range; empty where there are none. Logged as a warning too."""
+    speeds: dict[tuple[str, float], list[float]] = {}
+    for run in (run for setting in settings for run in setting.runs):
+        rates = [record["tokens_per_s"] for record in run.records if "tokens_per_s" in record]
+        if rates and run.max_iters:
+            speeds.setdefault((run.optimizer, run.budget / run.max_iters), []).append(statistics.median(rates))
+    spread = [f"{display_optimizer(optimizer)} {min(rates):,.0f}-{max(rates):,.0f} tokens/s ({len(rates)} runs)"
+              for (optimizer, _), rates in speeds.items() if max(rates) > SPEED_SPREAD * min(rates)]
+    for each in spread:
+        log.warning("%s %s", SPEED_NOTE, each)
+    return "\n".join([SPEED_NOTE, *spread]) if spread else ""
 
 
 def failure_x(run: Run, x_axis: str) -> float:

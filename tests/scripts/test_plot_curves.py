@@ -261,3 +261,27 @@ def test_a_run_that_blew_up_leaves_the_frame_as_triangles_and_the_healthy_curves
         f"{plot_curves_module.CLIPPED_NOTE} (up to 981)\n{plot_curves_module.NOT_DRAWN_NOTE}\n"
         "MARS-approx, gamma=-0.1, lr=0.003 (refused; no evaluation)", FAILED_NOTE]
     plt.close(figure)
+
+
+@pytest.mark.parametrize("slower_ms, told", [(180.0, True), (110.0, False)])
+def test_a_time_figure_says_when_runs_of_the_same_work_ran_at_visibly_other_speeds(make_run, tmp_path, caplog,
+                                                                                   slower_ms, told):
+    # Two seeds of one AdamW setting, the same work per step: one at 100 ms a step, the other at 180 (a machine
+    # under another load: 1.8x) or at 110 (1.1x, within what an idle machine varies). MARS beside them, at its own
+    # speed, is no spread: another optimizer's work.
+    adamw = [*TINY, "optimizer=adamw"]
+    make_run(tmp_path / "adamw-seed1", adamw, [10.8, 7.0, 6.5], 1024, step_ms=100.0)
+    make_run(tmp_path / "adamw-seed2", [*adamw, "train.seed=2"], [10.8, 7.1, 6.4], 1024, step_ms=slower_ms)
+    make_run(tmp_path / "mars", [*TINY, "optimizer=mars-adamw"], [10.8, 6.9, 6.3], 1024, step_ms=300.0)
+    lines = [(label, setting) for label, setting in every_point_lines(load_runs([str(tmp_path)])).popitem()[1]]
+    with caplog.at_level(logging.WARNING):
+        figure = group_figure(lines, "time", "time")
+    notes = "\n".join(text.get_text() for text in figure.axes[0].texts)
+    plt.close(figure)
+    spread = "AdamW 5,689-10,240 tokens/s (2 runs)"  # 1024 tokens a step at 180 and at 100 ms
+    assert (plot_curves_module.SPEED_NOTE in notes and spread in notes) is told, notes
+    assert (spread in caplog.text) is told
+    assert "MARS" not in notes
+    figure = group_figure(lines, "tokens", "tokens")  # the tokens axis is no measure of speed
+    assert plot_curves_module.SPEED_NOTE not in "\n".join(text.get_text() for text in figure.axes[0].texts)
+    plt.close(figure)
