@@ -77,8 +77,10 @@ def default_directory(corpus: HubCorpus) -> Path:
 
 def prepare_command(name: str, out: str | os.PathLike | None = None) -> str:
     """The command that creates the shard directory of data config ``name`` (at ``out``, if not the default)."""
-    # This interpreter by its path: the command runs in a shell without the venv activated.
+    # This interpreter and the directory by their paths: the command runs as printed from any directory, in a shell
+    # without the venv activated.
     python = f"{shlex.quote(sys.executable)} -m data.prepare"
+    out = shlex.quote(os.path.abspath(out)) if out else None
     if name in HUB_CORPORA:
-        return f"{python} {name}" + (f" --out {shlex.quote(str(out))}" if out else "")
-    return f"{python} files YOUR_FILES... --out {shlex.quote(str(out)) if out else 'DIR'}"
+        return f"{python} {name}" + (f" --out {out}" if out else "")
+    return f"{python} files YOUR_FILES... --out {out or 'DIR'}"

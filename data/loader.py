@@ -26,6 +26,7 @@ the next step's batch ahead of time (``batch(step + 1, micro_step)``).
 """
 import hashlib
 import json
+import os
 import logging
 import re
 import shlex
@@ -90,7 +91,8 @@ def split_files(data_dir: Path, split: str) -> list[Path]:
         raise FileNotFoundError(
             f"{data_dir} has no {split} shards ({split}.bin or {split}_000000.bin, ...): make them with "
             f"`{prepare_command('custom', data_dir)}` (.txt, .jsonl or .parquet files), or "
-            f"`{shlex.quote(sys.executable)} -m data.prepare {'|'.join(HUB_CORPORA)} --out {data_dir}`"
+            f"`{shlex.quote(sys.executable)} -m data.prepare {'|'.join(HUB_CORPORA)} --out "
+            f"{shlex.quote(os.path.abspath(data_dir))}`"
         )
     return shards
 

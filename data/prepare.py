@@ -587,6 +587,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def rerun_command(argv: list[str]) -> str:
+    """This preparation's command, kept in its manifest for an interrupted one to be rerun as printed: from the
+    directory it was started in (its --out and files may be relative) and by this interpreter's path (a shell
+    without the venv activated runs it)."""
+    return f"cd {shlex.quote(os.getcwd())} && {shlex.join([sys.executable, '-m', 'data.prepare', *argv])}"
+
+
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     argv = sys.argv[1:] if argv is None else argv
@@ -606,7 +613,7 @@ def main(argv: list[str] | None = None) -> None:
             split, documents = args.split or corpus.split, corpus.documents
         prepare(source, out, split=split, shard_size=args.shard_size, val_tokens=args.val_tokens,
                 test_size=args.test_size, documents=documents, workers=args.workers,
-                command=shlex.join(["python", "-m", "data.prepare", *argv]), overwrite=args.overwrite)
+                command=rerun_command(argv), overwrite=args.overwrite)
     except (ValueError, FileNotFoundError, ConnectionError) as err:
         raise SystemExit(f"error: {err}") from None
     except OSError as err:  # an unreadable input, a read-only or full --out (the finished shards are kept)

@@ -1,7 +1,10 @@
 import json
 import os
 import re
+import shlex
+import shutil
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from data.prepare import files_source, main, prepare, split_rule
 from data.shards import HEADER_INTS, SHARD_MAGIC, SHARD_VERSION, read_manifest, read_shard
 from data.tokenizer import GPT2_EOT_TOKEN, GPT2_VOCAB_SIZE, gpt2_encoding
 from tests import warm_python
+from tests.shell import shell_without_the_venv
 
 EOT = "<|endoftext|>"
 OLD_MTIME = 1_000_000_000  # shards stamped with this before a rerun still carry it if the rerun left them alone
@@ -224,7 +228,17 @@ def test_command_line_prepares_files_and_records_the_command(tmp_path, jsonl_cor
     main(["files", str(jsonl_corpus), "--out", str(out), "--shard-size", str(prepare_settings["shard_size"]),
           "--val-tokens", str(prepare_settings["val_tokens"]), "--workers", "1"])
     assert shard_bytes(out) == shard_bytes(prepared_dir)
-    assert read_manifest(out)["command"].startswith("python -m data.prepare files ")
+    # The command kept runs as printed (what an unfinished preparation's error gives) from another directory, in a
+    # shell without the venv activated.
+    command = read_manifest(out)["command"]
+    assert command.startswith(f"cd {shlex.quote(os.getcwd())} && {shlex.quote(sys.executable)} -m data.prepare files ")
+    shutil.rmtree(out)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ran = subprocess.run(["bash", "-c", command], cwd=elsewhere, env=shell_without_the_venv(), capture_output=True,
+                         text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    assert shard_bytes(out) == shard_bytes(prepared_dir)
     with pytest.raises(SystemExit, match="--out"):
         main(["files", str(jsonl_corpus)])
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.training.test_distributed import ctrl_c_once_training, follow_resume_line, launches
-from tests.training.test_sweep import shell_without_the_venv
+from tests.shell import shell_without_the_venv
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_size=2", "train.block_size=32",

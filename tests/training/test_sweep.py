@@ -25,6 +25,7 @@ from reporting.failure_band import FAILED_BAND, FAILED_NOTE
 from scripts.plot_sweep import panel_figure, sweep_lines
 from training.metrics import read_metrics
 from tests import warm_python
+from tests.shell import shell_without_the_venv
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.batch_size=2", "train.block_size=32",
@@ -146,15 +147,6 @@ def start_sweep_until_point_trains(sweep_dir: Path, index: int, overrides: list[
         assert process.poll() is None and time.monotonic() < deadline, f"the sweep's point {index} did not train"
         time.sleep(0.02)
     return process, output
-
-
-def shell_without_the_venv() -> dict:
-    """A fresh shell's environment, as a terminal opened beside the one that ran train.py has it: no virtual
-    environment activated (nor its directory on PATH), nothing of this process's Python settings."""
-    venv = Path(sys.prefix)
-    path = [entry for entry in os.environ.get("PATH", "").split(os.pathsep)
-            if entry and not Path(entry).resolve().is_relative_to(venv.resolve())]
-    return {"PATH": os.pathsep.join(path), "HOME": os.environ.get("HOME", "/"), "LANG": "C.UTF-8"}
 
 
 def printed_commands(log: str) -> dict[str, str]:
