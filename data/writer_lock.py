@@ -21,7 +21,8 @@ from typing import Iterator, TextIO
 log = logging.getLogger(__name__)
 
 LOCK_SUFFIX = ".lock"
-# errno of a file system without flock: the writers go on unprotected rather than not at all
+# errno of a file system without flock: the writers go on unprotected rather than not at all (the run directory's
+# lock too: training/run_dir.py)
 LOCKS_UNSUPPORTED = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
 # errno of a parent this process may not write: the lock cannot be made, the directory may still be writable
 READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)

@@ -35,8 +35,8 @@ def addcdiv_scaled_(tensors: list[Tensor], numerators: list[Tensor], denominator
                     scales: list[float | Tensor]) -> None:
     """tensors[i] += scales[i] * numerators[i] / denominators[i], in place: one ``_foreach_addcdiv_`` for float
     scales; tensor ones (a tensor lr in a traced step), which its scalar list does not take, divide and multiply
-    first."""
-    if any(map(torch.is_tensor, scales)):
+    first. The scales derive from one lr, so all are tensors or none: the first tells (no scan on the hot path)."""
+    if scales and torch.is_tensor(scales[0]):
         torch._foreach_add_(tensors, [numerator / denominator * scale
                                       for numerator, denominator, scale in zip(numerators, denominators, scales)])
     else:

@@ -3,7 +3,6 @@ another run's checkpoints or log, and a directory that cannot be written is foun
 import contextlib
 import datetime
 import hashlib
-import errno
 import fcntl
 import itertools
 import logging
@@ -18,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from data.writer_lock import LOCKS_UNSUPPORTED  # a file system without flock: the run goes on unprotected
 from training.atomic import TEMPORARY_SUFFIX
 from training.checkpoint import (DELETED_AT_FINISH, UNREADABLE_SUFFIX, checkpoint_dir, checkpoint_files,
                                  finished_without_checkpoints)
@@ -30,8 +30,6 @@ log = logging.getLogger("train")
 LOCK_FILE = "run.lock"
 HYDRA_LOG = "train.log"  # Hydra's job log, ${hydra.job.name}.log, opened (appending) before the lock is taken
 SET_ASIDE_LOG = "metrics.before-restart-{stamp}.jsonl"
-# errno of a file system without flock (some Lustre mounts): the run goes on unprotected rather than not at all
-LOCKS_UNSUPPORTED = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
 LOCK_ATTEMPTS = 3
 
 
