@@ -11,9 +11,8 @@ from mars import reference
 def by_value(values: list[float]) -> list[tuple[float, list[int]]]:
     """Each distinct value with its indices: one foreach call per value where a scalar differs between tensors.
 
-    While traced (``torch.compile``), one pair per index: the values derive from each tensor's step count, which
-    dynamo follows as a symbol once it has seen it change, and comparing or hashing them would make it guard on
-    their values, a new graph at every step."""
+    While traced (``torch.compile``), one pair per index: the values derive from each tensor's step count, a tensor
+    there (:mod:`mars.step_count`), which cannot be compared or hashed without reading it on the host."""
     if torch.compiler.is_compiling():
         return [(value, [index]) for index, value in enumerate(values)]
     indices = defaultdict(list)

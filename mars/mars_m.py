@@ -111,7 +111,7 @@ class _ShapeScaledOrthogonal(CudaGraphedNewtonSchulz, DispatchingOptimizer):
         beta1, beta2 = group["adamw_betas"]
         self._rules().mars_m_adamw_steps(
             params, [param.grad for param in params], state_buffers(params, states, "exp_avg"),
-            state_buffers(params, states, "exp_avg_sq"), steps=advance_steps(states), lr=step_lr(group["lr"]),
+            state_buffers(params, states, "exp_avg_sq"), steps=advance_steps(params, states), lr=step_lr(group["lr"]),
             beta1=beta1, beta2=beta2, eps=group["adamw_eps"], weight_decay=group["weight_decay"])
 
 

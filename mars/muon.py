@@ -154,7 +154,7 @@ class Muon(CudaGraphedNewtonSchulz, DispatchingOptimizer):
         states = self._states(params)
         exp_avgs, exp_avg_sqs = state_buffers(params, states, "exp_avg"), state_buffers(params, states, "exp_avg_sq")
         beta1, beta2 = group["adamw_betas"]
-        hyper = dict(steps=advance_steps(states), lr=following_rate(group, "adamw_lr"), beta1=beta1,
+        hyper = dict(steps=advance_steps(params, states), lr=following_rate(group, "adamw_lr"), beta1=beta1,
                      beta2=beta2, eps=group["adamw_eps"], weight_decay=group["adamw_weight_decay"])
         grads = [param.grad for param in params]
         if group["adamw_variant"] == "authors":

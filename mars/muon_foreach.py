@@ -10,13 +10,12 @@ into one call per distinct value. On CUDA a foreach kernel may contract a multip
 multiply-add where the per-tensor kernel does not, which moves a result by an ulp (see
 :mod:`mars.mars_m_foreach`).
 """
-import math
-
 import torch
 from torch import Tensor
 
 from mars.foreach_ops import add_scaled_, by_value, cast_like, scale_in_place, shape_scales, working_copies, write_back
 from mars.mars_m_foreach import moonlight_directions
+from mars.step_count import bias_correction, square_root
 
 # Muon's matrix to orthogonalise is Moonlight's (mars.reference.moonlight_direction): b <- mu b + g,
 # d = g + mu b (Nesterov) or b.
@@ -49,7 +48,7 @@ def authors_adamw_steps(params: list[Tensor], grads: list[Tensor], exp_avgs: lis
     works = working_copies(params)
     deltas = torch._foreach_mul(works, weight_decay)
     torch._foreach_addcdiv_(deltas, exp_avgs, denominators)
-    step_sizes = [lr * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step) for step in steps]
+    step_sizes = [lr * square_root(bias_correction(beta2, step)) / bias_correction(beta1, step) for step in steps]
     for step_size, indices in by_value(step_sizes):
         torch._foreach_mul_([deltas[i] for i in indices], -step_size)
     torch._foreach_add_(works, deltas)

@@ -27,13 +27,24 @@ from torch import Tensor
 from mars import reference, shampoo_foreach, torch_backend
 from mars.cuda_graph import CapturedLists, CudaGraphedNewtonSchulz
 from mars.newton_schulz import check_ns_form, orthogonalise
+from mars.step_count import advance_steps
 
 BACKENDS = ("auto", "reference", "torch", "triton")
 
 
+def _find_triton() -> bool:
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # a finder that refuses it, a broken install
+        return False
+
+
+_TRITON_INSTALLED = _find_triton()  # looked up once, at import: a traced step cannot run the import system
+
+
 def triton_is_installed() -> bool:
     """Whether the ``triton`` package can be imported (it is not needed for the CPU backends)."""
-    return importlib.util.find_spec("triton") is not None
+    return _TRITON_INSTALLED
 
 
 def triton_interpreter_enabled() -> bool:
@@ -400,8 +411,20 @@ class DispatchingOptimizer(torch.optim.Optimizer):
         # its state untouched.
         plans = [self._plan(index, group) for index, group in enumerate(self.param_groups)]
         for group, plan in zip(self.param_groups, plans):
-            self._step_group(group, **plan.by_rule)
+            step_group = self._step_group_eagerly if self._steps_eagerly(group) else self._step_group
+            step_group(group, **plan.by_rule)
         return loss
+
+    def _steps_eagerly(self, group: dict[str, Any]) -> bool:
+        """Whether the group's update runs eagerly inside a compiled step (a graph break around it): where code
+        that cannot be traced steps its tensors (MARS's Triton launches). None here."""
+        return False
+
+    @torch.compiler.disable
+    def _step_group_eagerly(self, group: dict[str, Any], **lists: list[Tensor]) -> None:
+        # The whole group's update, gradients read here: a graph break inside it would leave the frame resumed after
+        # it guarding on the step's gradients, new tensors at every step, so a new graph at every step.
+        self._step_group(group, **lists)
 
     def _take_rates_written_since_the_last_step(self) -> None:
         """A following rate written into a group since the last step (``group["lr_1d"] = 1e-3``) takes effect now: the
@@ -842,6 +865,13 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
         if group["mars_type"] not in reference.MARS_TYPES:
             raise ValueError(f"mars_type must be one of {reference.MARS_TYPES}, got {group['mars_type']!r}")
 
+    def _steps_eagerly(self, group: dict[str, Any]) -> bool:
+        # The Triton launches read the tensors' data pointers, which traced tensors do not have. (A group whose
+        # tensors Triton would leave to torch, float64 ones, runs eagerly too: the same numbers.)
+        if self.backend == "triton":
+            return True
+        return self.backend == "auto" and triton_is_installed() and any(param.is_cuda for param in group["params"])
+
     def _rule(self, param: Tensor, group: dict[str, Any]) -> str:
         if not reference.uses_mars_rule(param, group["optimize_1d"]):
             return "adamw"
@@ -877,7 +907,7 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
                 params, [p.grad for p in params],
                 state_buffers(params, states, "exp_avg"), state_buffers(params, states, "exp_avg_sq"),
                 state_buffers(params, states, "max_exp_avg_sq", needed=amsgrad),
-                steps=advance_steps(states), lr=following_rate(group, "lr_1d"), beta1=beta1_1d,
+                steps=advance_steps(params, states), lr=following_rate(group, "lr_1d"), beta1=beta1_1d,
                 beta2=beta2_1d, eps=group["eps"], weight_decay=group["weight_decay_1d"], amsgrad=amsgrad,
             )
 
@@ -890,7 +920,7 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
             state_buffers(params, states, "last_grad"), state_buffers(params, states, "exp_avg"),
             state_buffers(params, states, "exp_avg_sq", needed=has_second_moment),
             state_buffers(params, states, "max_exp_avg_sq", needed=amsgrad and has_second_moment),
-            steps=advance_steps(states), mars_type=mars_type, amsgrad=amsgrad and has_second_moment,
+            steps=advance_steps(params, states), mars_type=mars_type, amsgrad=amsgrad and has_second_moment,
             **hyper,
         )
 
@@ -900,7 +930,7 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
         """mars-shampoo on 2-D tensors, as :func:`mars.reference.mars_step`: the elementwise part over whole lists
         (:mod:`mars.shampoo_foreach`, no host sync), Newton-Schulz on them all at once."""
         states = self._states(params)
-        advance_steps(states)
+        advance_steps(params, states)
         directions = shampoo_foreach.shampoo_directions(
             [param.grad for param in params], state_buffers(params, states, "last_grad"),
             state_buffers(params, states, "exp_avg"), gamma=gamma, beta1=beta1, remember_grad=remember_grad)
@@ -925,14 +955,19 @@ class MARS(LookaheadGradient, CudaGraphedNewtonSchulz, DispatchingOptimizer):
             self._keep_as_planned(batch for _, batch in batches)
         return batches
 
-    def _backend_for(self, device: torch.device, float64: bool = False) -> ModuleType | SimpleNamespace:
-        """The backend module for tensors on ``device`` (of float64 parameters, with ``float64``); never falls back
-        silently to other math."""
+    def _backend_name(self, device: torch.device, float64: bool = False) -> str:
+        """The name of the backend that steps tensors on ``device`` (of float64 parameters, with ``float64``)."""
         name = self.backend
         if name == "auto":
             name = "triton" if device.type == "cuda" and triton_is_installed() else "torch"
         if name == "triton" and float64:
             name = "torch"  # the kernels compute in float32; torch's foreach ops keep float64 (the same rule)
+        return name
+
+    def _backend_for(self, device: torch.device, float64: bool = False) -> ModuleType | SimpleNamespace:
+        """The backend module for tensors on ``device`` (of float64 parameters, with ``float64``); never falls back
+        silently to other math."""
+        name = self._backend_name(device, float64)
         if name == "reference":
             return REFERENCE_BACKEND
         if name == "torch":
@@ -962,10 +997,3 @@ def state_buffers(params: list[Tensor], states: list[dict[str, Any]], key: str,
 def each_tensor(rule: Callable[..., Any]) -> Callable[..., list[Any]]:
     """The list form of a per-tensor ``rule``: ``rule`` applied to the tensors at each index of the lists."""
     return lambda *lists, **hyper: [rule(*tensors, **hyper) for tensors in zip(*lists)]
-
-
-def advance_steps(states: list[dict[str, Any]]) -> list[int]:
-    """Increment and return each tensor's own step counter."""
-    for state in states:
-        state["step"] = state.get("step", 0) + 1
-    return [state["step"] for state in states]

@@ -31,6 +31,8 @@ import math
 import torch
 from torch import Tensor
 
+from mars.step_count import bias_correction, square_root
+
 MARS_TYPES = ("mars-adamw", "mars-lion", "mars-shampoo")
 NEWTON_SCHULZ_COEFFS = (3.4445, -4.7750, 2.0315)
 
@@ -50,17 +52,15 @@ def corrected_gradient(grad: Tensor, last_grad: Tensor, gamma: float, beta1: flo
     (the state's) dtype."""
     grad = grad.to(last_grad.dtype)
     c_t = (grad - last_grad).mul(gamma * (beta1 / (1.0 - beta1))).add(grad)
-    c_t_norm = torch.linalg.vector_norm(c_t)
-    if c_t_norm > 1.0:
-        c_t = c_t / c_t_norm
-    return c_t
+    # The official `if norm > 1: c_t = c_t / norm`, as a division by max(norm, 1): the same numbers (a division by 1
+    # is exact) without reading the norm on the host, so a compiled step keeps one graph.
+    return c_t / torch.linalg.vector_norm(c_t).clamp_min(1.0)
 
 
 def adam_denominator(exp_avg_sq: Tensor, step: int, beta1: float, beta2: float, eps: float) -> Tensor:
     """(sqrt(v) / sqrt(1 - beta2^t) + eps) * (1 - beta1^t): Adam's bias corrections folded into one divisor."""
-    bias_correction1 = 1.0 - beta1**step
-    bias_correction2 = 1.0 - beta2**step
-    return exp_avg_sq.sqrt().mul(1 / math.sqrt(bias_correction2)).add(eps).mul(bias_correction1)
+    return (exp_avg_sq.sqrt().mul(1 / square_root(bias_correction(beta2, step))).add(eps)
+            .mul(bias_correction(beta1, step)))
 
 
 def normalised_wide(matrix: Tensor, eps: float, dtype: torch.dtype, norm_in_dtype: bool) -> tuple[Tensor, bool]:
@@ -196,7 +196,7 @@ def authors_adamw_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq:
     exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
     denominator = exp_avg_sq.sqrt().add_(eps)
-    step_size = lr * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
+    step_size = lr * square_root(bias_correction(beta2, step)) / bias_correction(beta1, step)
     work = param.to(working_dtype(param))
     work.add_(torch.mul(work, weight_decay).addcdiv_(exp_avg, denominator).mul_(-step_size))
     param.copy_(work)
@@ -267,9 +267,7 @@ def mars_m_momentum(grad: Tensor, last_grad: Tensor, momentum_buffer: Tensor, *,
     grad = grad.to(momentum_buffer.dtype)
     c_t = (grad - last_grad.to(momentum_buffer.dtype)).mul(gamma * momentum / (1 - momentum)).add(grad)
     if clip_c:
-        c_t_norm = c_t.norm()
-        if c_t_norm > 1:
-            c_t.div_(c_t_norm)
+        c_t.div_(c_t.norm().clamp_min(1.0))  # `if norm > 1: c_t /= norm`, without a host read (corrected_gradient)
     return momentum_buffer.mul_(momentum).add_(c_t, alpha=1 - momentum)
 
 

@@ -14,7 +14,6 @@ Buffers are reused instead of allocated: with ``remember_grad`` the corrected gr
 remembered-gradient buffer (refilled with this step's gradient at the end), and once the moments are updated
 c_t's buffer holds the update direction.
 """
-import math
 from collections.abc import Callable
 
 import torch
@@ -22,6 +21,7 @@ from torch import Tensor
 
 from mars.foreach_ops import add_scaled_, addcdiv_scaled_, cast_like, clip_to_unit_norm, working_copies, write_back
 from mars.group_steps import group_steps
+from mars.step_count import bias_correction, square_root
 
 
 def _corrected_gradients(
@@ -103,9 +103,10 @@ def _adam_update(
 
     ``denominators`` holds sqrt(v) on entry and is overwritten.
     """
-    sqrt_bias_corrections2 = [math.sqrt(1.0 - beta2**step) for step in steps]
+    sqrt_bias_corrections2 = [square_root(bias_correction(beta2, step)) for step in steps]
     torch._foreach_add_(denominators, [eps * correction for correction in sqrt_bias_corrections2])
-    step_sizes = [-lr * correction / (1.0 - beta1**step) for step, correction in zip(steps, sqrt_bias_corrections2)]
+    step_sizes = [-lr * correction / bias_correction(beta1, step)
+                  for step, correction in zip(steps, sqrt_bias_corrections2)]
     _apply_updates(params, lr, weight_decay,
                    lambda works: addcdiv_scaled_(works, exp_avgs, denominators, step_sizes))
 

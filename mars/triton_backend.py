@@ -425,8 +425,8 @@ def _launch(
     )
 
 
-# Run eagerly inside a compiled step (a graph break): the launch reads the tensors' data pointers into its tables,
-# which traced (fake) tensors do not have.
+# Run eagerly inside a compiled step (the optimizer runs the whole group so, mars.optimizer's _step_group_eagerly): the
+# launch reads the tensors' data pointers into its tables, which traced (fake) tensors do not have.
 @torch.compiler.disable
 def _fused_step(
     params: list[Tensor],
@@ -444,6 +444,7 @@ def _fused_step(
     if not params:
         return
     hyperparameters["lr"] = as_float(hyperparameters["lr"])  # a tensor lr of a traced step (mars.optimizer.step_lr)
+    steps = [int(step) for step in steps]  # a traced step counts in tensors (mars.step_count)
     _check_lengths(params, grads, state, steps)
     _check_steps(steps)
     device = params[0].device

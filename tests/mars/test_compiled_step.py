@@ -17,14 +17,11 @@ from mars import reference
 from tests.mars.test_torch_conventions import OPTIMIZERS, clone_params, gradients, new_params
 
 STEPS = 5
-# A compiled step adds graphs at its first three steps (the state created; the step count first seen, specialised;
-# the count seen changing, made a symbol by dynamo) and none after: one graph each for a default path, more where
-# a per-tensor path breaks the graph (MARS-M's clip, `if norm > 1`), but for MARS's reference and Triton backends,
-# which add graphs at every step: the reference reads each clip norm on the host, the Triton launches run eagerly
-# (they read the tensors' data pointers), and the frames resumed after such a break guard on the step's gradient
-# tensors, new at every step.
-GRAPHS_OF_A_DEFAULT_PATH = 3
-RECOMPILED_EVERY_STEP = {"backend": ("reference", "triton")}
+# A compiled step adds graphs at its first two steps (the state created; the state there, its step counts tensors
+# incremented in place, mars.step_count) and none after: one graph each for a default path, more where a path
+# breaks the graph. MARS's Triton backend steps its groups eagerly inside a
+# compiled step (its launches read the tensors' data pointers): no graph of the update at all.
+GRAPHS_OF_A_DEFAULT_PATH = 2
 
 
 def compiled_paths(param) -> list:
@@ -65,12 +62,15 @@ def feed_gradients(optimizer, param_lists, step):
 
 
 def assert_same_state(actual, expected):
-    """The same state entries; tensors within float32 rounding (assert_close's defaults), others equal."""
+    """The same state entries; tensors within float32 rounding (assert_close's defaults), others equal; a step
+    count the same number, a compiled step's a tensor (mars.step_count), an eager one's an int."""
     assert actual["state"].keys() == expected["state"].keys()
     for index, state in expected["state"].items():
         assert actual["state"][index].keys() == state.keys(), index
         for key, value in state.items():
-            if torch.is_tensor(value):
+            if key == "step":
+                assert float(actual["state"][index][key]) == value, (index, key)
+            elif torch.is_tensor(value):
                 torch.testing.assert_close(actual["state"][index][key], value, msg=f"state {index} {key}")
             else:
                 assert actual["state"][index][key] == value, (index, key)
@@ -107,10 +107,9 @@ def test_a_compiled_step_gives_the_eager_steps_parameters_and_state(cls, options
         assert_same_state(compiled.state_dict(), eager.state_dict())
     # Every tensor moved (a compiled step that left the 1-D tensors alone once passed an eager one that did too).
     assert all(not torch.equal(before, after) for before, after in zip(start, compiled_params))
-    if not recompiled_every_step(options):
-        assert graphs_after[2:] == [graphs_after[2]] * (STEPS - 2), graphs_after  # none after the third step
+    assert graphs_after[1:] == [graphs_after[1]] * (STEPS - 1), graphs_after  # none after the second step
     if not options:
-        assert graphs_after[2] == GRAPHS_OF_A_DEFAULT_PATH, graphs_after
+        assert graphs_after[1] == GRAPHS_OF_A_DEFAULT_PATH, graphs_after
 
 
 class SmallModel(torch.nn.Module):
@@ -208,17 +207,12 @@ def test_a_compiled_step_under_a_torch_scheduler_follows_the_eager_one(cls, opti
         assert_same_state(compiled.state_dict(), eager.state_dict())
 
 
-def recompiled_every_step(options) -> bool:
-    return any(options.get(key) in values for key, values in RECOMPILED_EVERY_STEP.items())
-
-
-@pytest.mark.parametrize("cls, options", [case for case in CASES if not recompiled_every_step(case.values[1])])
-def test_a_compiled_step_with_a_tensor_lr_under_a_torch_scheduler_compiles_no_graph_after_its_third_step(
+@pytest.mark.parametrize("cls, options", CASES)
+def test_a_compiled_step_with_a_tensor_lr_under_a_torch_scheduler_compiles_no_graph_after_its_second_step(
         cls, options):
     # torch's recipe for a compiled step under a scheduler: lr=torch.tensor(...), which the scheduler fills in place
     # and the traced step keeps a tensor (mars.optimizer.step_lr). Every rate moves (MARS's lr_1d and Muon's adamw_lr
-    # follow lr), the numbers follow the eager step's, and no lr is a constant of a graph. (Not the paths that
-    # break the graph every step whatever the lr: RECOMPILED_EVERY_STEP.)
+    # follow lr), the numbers follow the eager step's, and no lr is a constant of a graph.
     eager_params = new_params()
     compiled_params = clone_params(eager_params)
     eager, compiled = (cls(params, **options, lr=torch.tensor(1e-2)) for params in (eager_params, compiled_params))
@@ -236,4 +230,35 @@ def test_a_compiled_step_with_a_tensor_lr_under_a_torch_scheduler_compiles_no_gr
             torch.testing.assert_close(actual, expected, msg=f"parameter {number} after step {index + 1}")
         assert_same_state(compiled.state_dict(), eager.state_dict())
     assert torch.is_tensor(compiled.param_groups[0]["lr"])
-    assert graphs_after[2:] == [graphs_after[2]] * (STEPS - 2), graphs_after  # none after the third step
+    assert graphs_after[1:] == [graphs_after[1]] * (STEPS - 1), graphs_after  # none after the second step
+
+
+@pytest.mark.parametrize("cls, options", [case for case in OPTIMIZERS if not case.values[1]])
+def test_compiled_and_eager_steps_take_each_others_step_counts(cls, options):
+    # A traced step counts in float32 tensors, an eager one in ints (mars.step_count). An eager step, three compiled
+    # ones, a save and a load into a fresh optimizer, two eager steps: the eager run's numbers and counts throughout,
+    # and the compiled steps from the eager state add no graph after their second.
+    eager_params = new_params()
+    mixed_params = clone_params(eager_params)
+    eager, mixed = cls(eager_params, **options), cls(mixed_params, **options)
+    step, graphs = compiled_counting_graphs(mixed.step, options)
+    graphs_after = []
+    for index in range(6):
+        if index == 4:
+            saved = mixed.state_dict()
+            counts = [state["step"] for state in saved["state"].values() if "step" in state]
+            assert counts and all(torch.is_tensor(count) and count.dtype == torch.float32 for count in counts)
+            mixed = cls(mixed_params, **options)
+            mixed.load_state_dict(saved)
+        feed_gradients((eager, mixed), (eager_params, mixed_params), index)
+        eager.step()
+        if index in (1, 2, 3):
+            step()
+            graphs_after.append(len(graphs))
+        else:
+            mixed.step()
+        for number, (actual, expected) in enumerate(zip(mixed_params, eager_params)):
+            torch.testing.assert_close(actual, expected, msg=f"parameter {number} after step {index + 1}")
+        assert_same_state(mixed.state_dict(), eager.state_dict())
+    assert all(type(state["step"]) is int for state in mixed.state_dict()["state"].values() if "step" in state)
+    assert graphs_after[1] == graphs_after[2], graphs_after

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mars import MARS, available_backends, reference
-from mars.optimizer import LookaheadGradient
+from mars.optimizer import LookaheadGradient, as_float
 from tests.mars.test_torch_conventions import optimizers_of_mars
 
 HOST_READS = ("__bool__", "item", "tolist", "__float__", "__int__")
@@ -66,8 +66,8 @@ def test_a_step_reads_no_tensor_on_the_host(monkeypatch, name):
 
 
 def test_the_check_catches_a_read():
-    # The reference's clip branches on the norm: under the check, it fails.
+    # An eager step reads a tensor lr on the host once (mars.optimizer.as_float): under the check, it fails.
     with pytest.MonkeyPatch.context() as monkeypatch:
         refuse_host_reads(monkeypatch)
         with pytest.raises(AssertionError, match="read on the host"):
-            reference.corrected_gradient(torch.randn(12, 4) * 10, torch.zeros(12, 4), 0.025, 0.95)
+            as_float(torch.tensor(1e-3))
