@@ -107,8 +107,14 @@ class OptimizerEntry:
         lambda model, cfg: param_groups(model, cfg["weight_decay"], cfg["decay_embeddings"]))
     # Whether it orthogonalises updates with Newton-Schulz (then DDP ranks share that work out).
     orthogonalises: Callable[[Mapping], bool] = lambda cfg: False
-    # Its config keys whose change on resume leaves the checkpoint's state without meaning, and why.
+    # Its config keys whose change on resume leaves the checkpoint's state without meaning, and why: refused for
+    # this optimizer only (another row's key of the same name is its own).
     state_keys: dict[str, str] = field(default_factory=dict)
+    # The lr a run logs, from the optimizer after its step and the trainer's scheduled lr: by default the lr the
+    # optimizer says it stepped at (``scheduled_lr`` in its first group, as schedule-free's warmup keeps it), else
+    # the trainer's.
+    reported_lr: Callable[[torch.optim.Optimizer, float], float] = (
+        lambda optimizer, lr: optimizer.param_groups[0].get("scheduled_lr", lr))
     # Its config keys that a config of this kind never reads (a run differing only there ran the same thing).
     unread_keys: Callable[[Mapping], tuple[str, ...]] = lambda cfg: ()
     # The labels the MARS paper's table has rows for (scripts/make_table.py compares them with the paper).

@@ -1,5 +1,6 @@
 """What a resume does with settings that differ from the checkpoint's: configured hyperparameters win, and keys
 that define the state are refused by name."""
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,13 +11,13 @@ from omegaconf import OmegaConf
 from configs.compose import register_configs
 from configs.registry import OPTIMIZERS as REGISTRY
 from configs.schema import LrSchedule, ModelConfig
+from mars.traits import trait
 from model import GPT, GPTConfig
 from training import resume
 from training.checkpoint import CheckpointReadError, save_checkpoint
 from training.distributed import DistributedContext
 from training.optimizers import build_optimizer
-from training.resume import (STATE_DEFINING_KEYS, ResumeRefused, check_resumable, config_changes,
-                             resume_from)
+from training.resume import ResumeRefused, check_resumable, config_changes, resume_from, state_defining_keys
 from training.runtime import rng_state
 from training.schedule import apply_schedule, learning_rate
 
@@ -59,8 +60,9 @@ def resumed(cfg, checkpoint):
 
 
 def hyperparameters(optimizer):
-    return [{key: value for key, value in group.items() if key not in ("params", "peak_lr")}
-            for group in optimizer.param_groups]
+    """Each group's keys as the config sets them: not the schedule's peak_lr nor the optimizer's state kept there."""
+    state = ("params", "peak_lr", *trait(optimizer, "GROUP_STATE_KEYS"))
+    return [{key: value for key, value in group.items() if key not in state} for group in optimizer.param_groups]
 
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
@@ -122,11 +124,27 @@ def test_keys_a_checkpoint_does_not_record_are_not_reported_as_changed():
     assert config_changes(saved, configured) == {}  # activation: unknown before; resume: how this launch starts
 
 
-def test_every_state_defining_key_is_a_config_key():
+@pytest.mark.parametrize("name", REGISTRY)
+def test_every_state_defining_key_is_a_config_key_of_its_optimizer(name):
     fields = {f"model.{key}" for key in ModelConfig.__dataclass_fields__}
-    fields |= {f"optimizer.{key}" for entry in REGISTRY.values() for key in entry.schema.__dataclass_fields__}
-    assert set(STATE_DEFINING_KEYS) <= fields
-    check_resumable({"optimizer.lr": (1e-3, 2e-3)}, "ckpt.pt")  # hyperparameters pass
+    fields |= {f"optimizer.{key}" for key in REGISTRY[name].schema.__dataclass_fields__}
+    assert set(state_defining_keys(name)) <= fields
+    check_resumable({"optimizer.lr": (1e-3, 2e-3)}, "ckpt.pt", name)  # hyperparameters pass
+
+
+def test_two_rows_with_different_state_keys_resume_independently(monkeypatch):
+    # AdamW's eps made state-defining binds AdamW only: MARS, which has an eps too, resumes with another.
+    row = dataclasses.replace(REGISTRY["adamw"], state_keys={"eps": "a test's claim that eps defines the state"})
+    monkeypatch.setitem(REGISTRY, "adamw", row)
+    for name, refused in (("adamw", True), ("mars-adamw", False)):
+        checkpoint = trained_checkpoint(composed(f"optimizer={name}"))
+        cfg = composed(f"optimizer={name}", "optimizer.eps=1e-6")
+        if refused:
+            with pytest.raises(ResumeRefused, match=r"changed optimizer.eps \(checkpoint 1e-08, now 1e-06: a test's"):
+                resumed(cfg, checkpoint)
+        else:
+            optimizer, changes = resumed(cfg, checkpoint)
+            assert changes == {"optimizer.eps": (1e-8, 1e-6)} and optimizer.param_groups[0]["eps"] == 1e-6
 
 
 def test_ranks_that_found_different_newest_checkpoints_stop_naming_each_ranks(monkeypatch, tmp_path):
