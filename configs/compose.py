@@ -126,7 +126,7 @@ def validate(cfg) -> None:
         require(t.min_lr <= o[key], f"train.min_lr ({t.min_lr}) must not exceed optimizer.{key} ({o[key]}): "
                 f"every part of {o.name} decays to train.min_lr")
     check_optimizer_hyperparameters(o)
-    OPTIMIZERS[o.name].check(o)
+    OPTIMIZERS[o.name].check(cfg)
     require(t.eval_sampling == EvalSampling.fixed or cfg.data.sampling != Sampling.sequential,
             "train.eval_sampling=fresh draws random validation windows, which data.sampling=sequential does not "
             "serve: use train.eval_sampling=fixed, or data.sampling=random")

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from configs.schema import AdamWConfig, ConfigError, MarsConfig, MarsMConfig, MoonlightConfig, MuonConfig
+from configs.schema import AdamWConfig, MarsConfig, MarsMConfig, MoonlightConfig, MuonConfig, require
 
 log = logging.getLogger("train")
 
@@ -94,11 +94,13 @@ class OptimizerEntry:
     # A run's label in tables and figures (one per variant it runs) -> the name tables, figures and
     # scripts/bench_train.py show, in table order.
     labels: dict[str, str]
-    # Its config check beyond what configs.schema checks of every optimizer (betas, eps, momentum, gamma, weight
-    # decays, learning rates by their names): raises ConfigError naming the key, before any data loads.
-    check: Callable[[Mapping], None] = lambda cfg: None
-    # The train.* settings it runs with by default (train.py's own otherwise); an experiment or the command line
-    # overrides them.
+    # Its check of the whole config it trains under (``run.optimizer``, ``run.train``: schedule, warmup, precision),
+    # beyond what configs.schema checks of every optimizer (betas, eps, momentum, gamma, weight decays, learning
+    # rates by their names): one ``require(condition, message)`` a setting, raising ConfigError naming the key and
+    # the fix before any data loads. The train settings it refuses are said here.
+    check: Callable[[Mapping], None] = lambda run: None
+    # The train.* settings it runs with by default (train.py's own otherwise): those it needs. An experiment or the
+    # command line overrides them (its check refuses what it cannot run with).
     train_defaults: Mapping[str, Any] = field(default_factory=dict)
     # The label of a run of this config; by default its name.
     label: Callable[[Mapping], str] = lambda cfg: cfg["name"]
@@ -157,11 +159,11 @@ def mars_arguments(cfg, device: torch.device) -> Arguments:
                       ns_form=cfg.ns_form, ns_cuda_graph=cfg.ns_cuda_graph, ns_batch=cfg.ns_batch)
 
 
-def check_mars_config(cfg) -> None:
+def check_mars_config(run) -> None:
     from mars.reference import MARS_TYPES
 
-    if cfg["mars_type"] not in MARS_TYPES:
-        raise ConfigError(f"optimizer.mars_type must be one of {', '.join(MARS_TYPES)}, got {cfg['mars_type']!r}")
+    mars_type = run.optimizer.mars_type
+    require(mars_type in MARS_TYPES, f"optimizer.mars_type must be one of {', '.join(MARS_TYPES)}, got {mars_type!r}")
 
 
 def mars_label(cfg) -> str:
