@@ -29,7 +29,7 @@ from training import memory
 from training.distributed import (DistributedContext, all_gather_objects, distributed_session, stop_with_message,
                                   wrap_data_parallel)
 from training.divergence import DivergenceGuard, ValLossWatch, initial_val_loss, skip_update
-from training.eval_weights import evaluation_weights
+from training.eval_weights import evaluation_weights, start_training
 from training.finished import finished_step, keep_finished_checkpoints, nothing_left_to_train
 from training.hellaswag import training_items
 from training.metrics import MetricsLogger, StepWindow, default_run_name, read_metrics
@@ -249,6 +249,7 @@ def build_model_and_optimizer(cfg: DictConfig, ctx: DistributedContext,
     if t.zero1 and not ctx.enabled:
         log.info("train.zero1=true has nothing to shard in a single process: using the plain optimizer")
     optimizer = build_optimizer(cfg.optimizer, model, zero1=t.zero1 and ctx.enabled)
+    start_training(optimizer)
     if draws:
         draws.start_after_model_init(torch.get_rng_state())
     seed_everything(t.seed + ctx.rank)

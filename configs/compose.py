@@ -71,7 +71,7 @@ def check_known_keys(cfg) -> None:
     for key in cfg:
         require(key in sections, f"unknown config key {key!r}: the top-level keys are {', '.join(sections)}")
     for section, schema in sections.items():
-        if schema is None or section not in cfg:
+        if schema is None or section not in cfg or getattr(schema, "takes_class_arguments", False):
             continue
         known = [f.name for f in dataclasses.fields(schema)]
         for key in cfg[section]:

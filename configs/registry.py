@@ -10,15 +10,18 @@ optimizers from here, the YAML files and ``mars/``'s modules.
 The rows import the schema (``configs/schema.py``), never the other way: ``configs/compose.py`` registers each row's
 schema with Hydra and validates a config with its row's check.
 """
+import importlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from configs.schema import AdamWConfig, MarsConfig, MarsMConfig, MoonlightConfig, MuonConfig, require
+from configs.schema import (AdamWConfig, ConfigError, MarsConfig, MarsMConfig, MoonlightConfig, MuonConfig,
+                            OptimizerConfig, require)
+from mars.traits import constructor_arguments
 
 log = logging.getLogger("train")
 
@@ -215,6 +218,57 @@ def moonlight_arguments(cfg, device: torch.device) -> Arguments:
     return Moonlight, dict(matrix_rule_arguments(cfg, device), nesterov=cfg.nesterov)
 
 
+@dataclass
+class ExternalConfig(OptimizerConfig):
+    """Any installed ``torch.optim.Optimizer``, named by its import path as Hydra's ``_target_`` names a class
+    (``optimizer=external optimizer._target_=schedulefree.AdamWScheduleFree optimizer.lr=1e-3``); its other
+    constructor arguments as ``+optimizer.<argument>=<value>``. Weight decay on >=2-D weights only, as our rows."""
+
+    name: str = "external"
+    takes_class_arguments: ClassVar[bool] = True
+    _target_: str = "torch.optim.NAdam"
+
+
+# The keys of optimizer=external that are not its class's constructor arguments (weight_decay goes to the groups).
+EXTERNAL_OWN_KEYS = ("name", "_target_", "decay_embeddings")
+
+
+def external_class(cfg) -> type[torch.optim.Optimizer]:
+    """The class ``optimizer._target_`` names, refused in one line unless it is an installed torch optimizer."""
+    target = cfg["_target_"]
+    module, _, name = target.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name, None) if module else None
+    except ImportError as error:
+        raise ConfigError(f"optimizer._target_={target} cannot be imported ({error}): install its package, or "
+                          "name an installed optimizer class (torch.optim.NAdam)") from None
+    require(isinstance(found, type) and issubclass(found, torch.optim.Optimizer),
+            f"optimizer._target_={target} is not a torch.optim.Optimizer class: name one by its import path "
+            "(schedulefree.AdamWScheduleFree, torch.optim.NAdam)")
+    return found
+
+
+def external_arguments(cfg, device: torch.device) -> Arguments:
+    arguments = {key: tuple(value) if isinstance(value, Sequence) and not isinstance(value, str) else value
+                 for key, value in cfg.items() if key not in (*EXTERNAL_OWN_KEYS, "weight_decay")}
+    return external_class(cfg), arguments
+
+
+def check_external(run) -> None:
+    """Every key of optimizer=external is an argument of its class (weight decay, unless 0, too)."""
+    cfg = run.optimizer
+    optimizer_class = external_class(cfg)
+    known = constructor_arguments(optimizer_class) - {"self", "params"}
+    for key in cfg:
+        require(key in known or key in EXTERNAL_OWN_KEYS or key == "weight_decay" and cfg[key] == 0.0,
+                f"optimizer.{key} is not an argument of {cfg._target_}: its arguments are {', '.join(sorted(known))}")
+
+
+def external_label(cfg) -> str:
+    """An external optimizer's class name (AdamWScheduleFree), as the tables show it."""
+    return cfg["_target_"].rpartition(".")[2]
+
+
 IS_APPROX = {"is_approx": "the MARS scheme (exact or approximate) and its remembered gradients"}
 
 # In the tables' order: the paper's baselines, MARS, then the second paper's (MARS-M) optimizers.
@@ -242,6 +296,8 @@ OPTIMIZERS: dict[str, OptimizerEntry] = {entry.name: entry for entry in (
                    orthogonalises=lambda cfg: True,
                    state_keys={**IS_APPROX, "memory_efficient": "the MARS-M variant and its state"},
                    authors_draw_a_step_ahead=True),
+    OptimizerEntry(ExternalConfig, external_arguments, label=external_label, check=check_external, labels={},
+                   state_keys={"_target_": "the optimizer class and its state"}),
 )}
 
 

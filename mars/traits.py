@@ -6,6 +6,8 @@ trainer read them through :func:`trait`, per optimizer; the traits of a configur
 config keys that define its state, the train settings it needs or refuses, the lr it reports) are its row's in
 ``configs/registry.py``. docs/optimizers.md, "Adding an optimizer", lists both.
 """
+import inspect
+
 import torch
 
 DEFAULTS = {
@@ -25,3 +27,10 @@ def trait(optimizer: type[torch.optim.Optimizer] | torch.optim.Optimizer, name: 
     """The class's (or an instance's class's) ``name`` trait, or its default."""
     cls = optimizer if isinstance(optimizer, type) else type(optimizer)
     return getattr(cls, name, DEFAULTS[name])
+
+
+def constructor_arguments(optimizer_class: type[torch.optim.Optimizer]) -> set[str]:
+    """The names of the arguments ``optimizer_class`` (and the classes it extends) takes: the settings a config
+    sets, which a param group may also set."""
+    return {name for cls in optimizer_class.__mro__ if issubclass(cls, torch.optim.Optimizer)
+            and cls is not torch.optim.Optimizer for name in inspect.signature(cls.__init__).parameters}

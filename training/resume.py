@@ -1,7 +1,6 @@
 """Resuming a run: the newest checkpoint every rank can read, and what a resume may change. Settings that keep the
 checkpoint's state meaningful take effect (and are logged); changes that would make it meaningless stop the run
 before anything is loaded."""
-import inspect
 import logging
 import shlex
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from configs.registry import OPTIMIZERS
 from configs.schema import LrSchedule, lr_decay_end
 from data.authors_draws import AuthorsDraws
 from mars.optimizer import ratio_key
-from mars.traits import trait
+from mars.traits import constructor_arguments, trait
 from training.checkpoint import CheckpointReadError, latest_checkpoint, set_aside_checkpoints_after
 from training.distributed import DistributedContext, all_gather_objects
 from training.optimizers import local_optimizer
@@ -89,13 +88,6 @@ def check_resumable(changes: dict[str, tuple], checkpoint_path, optimizer_name: 
             f"cannot resume {checkpoint_path} with a changed {'; '.join(refused)}; the checkpoint's state does not "
             "fit. Resume with the checkpoint's value, or start a new run in another hydra.run.dir"
         )
-
-
-def constructor_arguments(optimizer_class: type) -> set[str]:
-    """The names of the arguments ``optimizer_class`` (and the classes it extends) takes: the settings a config
-    sets, which a param group may also set."""
-    return {name for cls in optimizer_class.__mro__ if issubclass(cls, torch.optim.Optimizer)
-            and cls is not torch.optim.Optimizer for name in inspect.signature(cls.__init__).parameters}
 
 
 def fresh_param_groups(optimizer: torch.optim.Optimizer) -> list[dict]:
