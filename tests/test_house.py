@@ -216,7 +216,7 @@ def optimizer_lists(source: str, names: set[str]) -> list[str]:
 
 # Files whose lists name optimizers for another reason than running each: the authors' trainers as recorded, the
 # state dicts earlier versions saved; and the Newton-Schulz tests' own variants (forms, dtypes), still to be derived
-# from mars's classes (#64).
+# from mars's classes (not yet).
 NOT_OPTIMIZER_LISTS = {"tests/configs/authors_runs.py", "tests/mars/saved_state_dicts.py",
                        "tests/mars/test_cuda_graph.py", "tests/mars/test_ns_batch.py"}
 
