@@ -215,15 +215,14 @@ def optimizer_lists(source: str, names: set[str]) -> list[str]:
 
 
 # Files whose lists name optimizers for another reason than running each: the authors' trainers as recorded, the
-# state dicts earlier versions saved; and the Newton-Schulz tests' own variants (forms, dtypes), still to be derived
-# from mars's classes (not yet).
-NOT_OPTIMIZER_LISTS = {"tests/configs/authors_runs.py", "tests/mars/saved_state_dicts.py",
-                       "tests/mars/test_cuda_graph.py", "tests/mars/test_ns_batch.py"}
+# state dicts earlier versions saved.
+NOT_OPTIMIZER_LISTS = {"tests/configs/authors_runs.py", "tests/mars/saved_state_dicts.py"}
 
 
 def test_the_tests_keep_no_list_of_the_optimizers():
     # The shared tests take every optimizer from mars/, configs/registry.py or configs/optimizer/: a list kept by
-    # hand (tests/mars/test_step_plan.py had one) leaves the next optimizer untested there.
+    # hand (tests/mars/test_step_plan.py, test_ns_batch.py and test_cuda_graph.py had one) leaves the next optimizer
+    # untested there.
     names = optimizer_names()
     lists = {f"{path.relative_to(REPO)} {found}" for path in (REPO / "tests").rglob("*.py")
              if str(path.relative_to(REPO)) not in NOT_OPTIMIZER_LISTS
