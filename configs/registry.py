@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from configs.schema import (AdamWConfig, ConfigError, MarsConfig, MarsMConfig, MoonlightConfig, MuonConfig,
+from configs.schema import (AdamWConfig, ConfigError, LrSchedule, MarsConfig, MarsMConfig, MoonlightConfig, MuonConfig,
                             OptimizerConfig, require)
 from mars.traits import constructor_arguments
 
@@ -219,6 +219,26 @@ def moonlight_arguments(cfg, device: torch.device) -> Arguments:
 
 
 @dataclass
+class ScheduleFreeSGDConfig(OptimizerConfig):
+    """Schedule-free SGD (mars.ScheduleFreeSGD): no lr decay; evaluated at the average of its iterates."""
+
+    name: str = "schedule-free-sgd"
+    momentum: float = 0.9
+
+
+def schedule_free_sgd_arguments(cfg, device: torch.device) -> Arguments:
+    from mars import ScheduleFreeSGD
+
+    return ScheduleFreeSGD, dict(lr=cfg.lr, momentum=cfg.momentum)
+
+
+def check_schedule_free(run) -> None:
+    schedule = LrSchedule(run.train.lr_schedule)
+    require(schedule == LrSchedule.constant, f"train.lr_schedule={schedule.value} decays the lr, which "
+            "schedule-free SGD replaces by its average: set train.lr_schedule=constant (a warmup stays)")
+
+
+@dataclass
 class ExternalConfig(OptimizerConfig):
     """Any installed ``torch.optim.Optimizer``, named by its import path as Hydra's ``_target_`` names a class
     (``optimizer=external optimizer._target_=schedulefree.AdamWScheduleFree optimizer.lr=1e-3``); its other
@@ -296,6 +316,8 @@ OPTIMIZERS: dict[str, OptimizerEntry] = {entry.name: entry for entry in (
                    orthogonalises=lambda cfg: True,
                    state_keys={**IS_APPROX, "memory_efficient": "the MARS-M variant and its state"},
                    authors_draw_a_step_ahead=True),
+    OptimizerEntry(ScheduleFreeSGDConfig, schedule_free_sgd_arguments, labels={"schedule-free-sgd": "SF-SGD"},
+                   check=check_schedule_free, train_defaults={"lr_schedule": "constant"}),
     OptimizerEntry(ExternalConfig, external_arguments, label=external_label, check=check_external, labels={},
                    state_keys={"_target_": "the optimizer class and its state"}),
 )}
