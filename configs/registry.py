@@ -279,8 +279,10 @@ def check_external(run) -> None:
     cfg = run.optimizer
     optimizer_class = external_class(cfg)
     known = constructor_arguments(optimizer_class) - {"self", "params"}
+    require("weight_decay" in known or cfg.weight_decay == 0.0, f"optimizer.weight_decay={cfg.weight_decay}: "
+            f"{cfg._target_} takes no weight decay, set optimizer.weight_decay=0")
     for key in cfg:
-        require(key in known or key in EXTERNAL_OWN_KEYS or key == "weight_decay" and cfg[key] == 0.0,
+        require(key in known or key in (*EXTERNAL_OWN_KEYS, "weight_decay"),
                 f"optimizer.{key} is not an argument of {cfg._target_}: its arguments are {', '.join(sorted(known))}")
 
 

@@ -61,6 +61,8 @@ def test_an_installed_optimizer_takes_our_groups_its_arguments_and_its_class_nam
                                         r"'nowhere'\): install its package"),
     ("+optimizer.momentum=0.9", "^optimizer.momentum is not an argument of torch.optim.NAdam: its arguments are "
                                 "betas, capturable,"),
+    ("optimizer._target_=torch.optim.Rprop", "^optimizer.weight_decay=0.1: torch.optim.Rprop takes no weight decay, "
+                                             "set optimizer.weight_decay=0$"),
 ])
 def test_what_is_not_an_installed_optimizer_or_its_argument_is_refused_in_one_line(override, message):
     with pytest.raises(ConfigError, match=message) as refused:
