@@ -278,7 +278,7 @@ def check_external(run) -> None:
     """Every key of optimizer=external is an argument of its class (weight decay, unless 0, too)."""
     cfg = run.optimizer
     optimizer_class = external_class(cfg)
-    known = constructor_arguments(optimizer_class) - {"self", "params"}
+    known = constructor_arguments(optimizer_class)
     require("weight_decay" in known or cfg.weight_decay == 0.0, f"optimizer.weight_decay={cfg.weight_decay}: "
             f"{cfg._target_} takes no weight decay, set optimizer.weight_decay=0")
     for key in cfg:

@@ -30,7 +30,8 @@ def trait(optimizer: type[torch.optim.Optimizer] | torch.optim.Optimizer, name: 
 
 
 def constructor_arguments(optimizer_class: type[torch.optim.Optimizer]) -> set[str]:
-    """The names of the arguments ``optimizer_class`` (and the classes it extends) takes: the settings a config
-    sets, which a param group may also set."""
+    """The names of the arguments ``optimizer_class`` (and the classes it extends) takes but its parameters: the
+    settings a config sets, which a param group may also set."""
     return {name for cls in optimizer_class.__mro__ if issubclass(cls, torch.optim.Optimizer)
-            and cls is not torch.optim.Optimizer for name in inspect.signature(cls.__init__).parameters}
+            and cls is not torch.optim.Optimizer for name in inspect.signature(cls.__init__).parameters} - {
+        "self", "params"}

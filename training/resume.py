@@ -90,6 +90,14 @@ def check_resumable(changes: dict[str, tuple], checkpoint_path, optimizer_name: 
         )
 
 
+def configured_keys(optimizer_class: type[torch.optim.Optimizer]) -> set[str]:
+    """The param-group keys a config sets: the constructor's arguments (a second learning rate as its ratio to lr,
+    mars.optimizer.ratio_key), but those the class keeps as its state (``GROUP_STATE_KEYS``, mars/traits.py)."""
+    arguments = constructor_arguments(optimizer_class) | {
+        ratio_key(name) for name in getattr(optimizer_class, "FOLLOWING_LRS", ())}
+    return arguments - set(trait(optimizer_class, "GROUP_STATE_KEYS"))
+
+
 def fresh_param_groups(optimizer: torch.optim.Optimizer) -> list[dict]:
     """Every param group's keys but its parameters, as built from the config (call before loading a state)."""
     return [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
@@ -103,13 +111,9 @@ def restore_hyperparameters(optimizer: torch.optim.Optimizer, fresh: list[dict])
     counter, a schedule-free average's weight) is its state and keeps the checkpoint's value. What only the
     checkpoint's groups carry (the schedule's ``peak_lr``) goes.
     """
-    optimizer_class = type(local_optimizer(optimizer))
-    # A second learning rate is kept as its ratio to lr (mars.optimizer.ratio_key): configured, as the rate.
-    configured = constructor_arguments(optimizer_class) | {
-        ratio_key(name) for name in getattr(optimizer_class, "FOLLOWING_LRS", ())}
-    state = set(trait(optimizer_class, "GROUP_STATE_KEYS"))  # its state, though a constructor may set it too
+    configured = configured_keys(type(local_optimizer(optimizer)))
     for group, built in zip(optimizer.param_groups, fresh, strict=True):
-        kept = {key: group[key] for key in built if (key not in configured or key in state) and key in group}
+        kept = {key: group[key] for key in built if key not in configured and key in group}
         params = group["params"]
         group.clear()
         group.update(built, **kept, params=params)

@@ -11,13 +11,14 @@ from omegaconf import OmegaConf
 from configs.compose import register_configs
 from configs.registry import OPTIMIZERS as REGISTRY
 from configs.schema import LrSchedule, ModelConfig
-from mars.traits import trait
 from model import GPT, GPTConfig
 from training import resume
 from training.checkpoint import CheckpointReadError, save_checkpoint
 from training.distributed import DistributedContext
 from training.optimizers import build_optimizer
-from training.resume import ResumeRefused, check_resumable, config_changes, resume_from, state_defining_keys
+from training.eval_weights import start_training
+from training.resume import (ResumeRefused, check_resumable, config_changes, configured_keys, resume_from,
+                             state_defining_keys)
 from training.runtime import rng_state
 from training.schedule import apply_schedule, learning_rate
 
@@ -34,11 +35,13 @@ def composed(*overrides):
     return cfg
 
 
-def trained_checkpoint(cfg, steps=3):
-    """A checkpoint as train.py writes it, after ``steps`` scheduled steps of ``cfg``."""
+def trained_checkpoint(cfg, steps=3, keep_optimizer=False):
+    """A checkpoint as train.py writes it, after ``steps`` scheduled steps of ``cfg`` (``keep_optimizer``: the
+    optimizer then)."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(**OmegaConf.to_container(cfg.model)))
     optimizer = build_optimizer(cfg.optimizer, model)
+    start_training(optimizer)
     for step in range(steps):
         apply_schedule(optimizer, step, SCHEDULE, cfg.optimizer)
         idx = torch.randint(0, 64, (2, 8))
@@ -47,6 +50,8 @@ def trained_checkpoint(cfg, steps=3):
             optimizer.stash_lookahead_grad()
         optimizer.step()
         optimizer.zero_grad()
+    if keep_optimizer:
+        return optimizer
     return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": steps, "tokens": 0,
             "rng": [rng_state()], "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)}
 
@@ -54,6 +59,7 @@ def trained_checkpoint(cfg, steps=3):
 def resumed(cfg, checkpoint):
     model = GPT(GPTConfig(**OmegaConf.to_container(cfg.model)))
     optimizer = build_optimizer(cfg.optimizer, model)
+    start_training(optimizer)
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     changes = resume_from(checkpoint, Path("ckpt_00000003.pt"), config, model, optimizer, DistributedContext())
     return optimizer, changes
@@ -61,15 +67,28 @@ def resumed(cfg, checkpoint):
 
 def hyperparameters(optimizer):
     """Each group's keys as the config sets them: not the schedule's peak_lr nor the optimizer's state kept there."""
-    state = ("params", "peak_lr", *trait(optimizer, "GROUP_STATE_KEYS"))
-    return [{key: value for key, value in group.items() if key not in state} for group in optimizer.param_groups]
+    configured = configured_keys(type(optimizer))
+    return [{key: value for key, value in group.items() if key in configured} for group in optimizer.param_groups]
 
 
-@pytest.mark.parametrize("name", OPTIMIZERS)
-def test_resumed_optimizer_runs_at_the_configured_lr_not_the_checkpoints(name):
-    checkpoint = trained_checkpoint(composed(f"optimizer={name}", "optimizer.lr=3e-3"))
-    cfg = composed(f"optimizer={name}", "optimizer.lr=1e-2")
+def group_state(optimizer):
+    """Each group's keys the optimizer keeps as its state (schedule-free's k, weight_sum, ...)."""
+    kept = configured_keys(type(optimizer)) | {"params", "peak_lr"}
+    return [{key: value for key, value in group.items() if key not in kept} for group in optimizer.param_groups]
+
+
+# Every config, and an installed optimizer that keeps counters in its groups (schedulefree's k, weight_sum, lr_max).
+CONFIGS = [[f"optimizer={name}"] for name in OPTIMIZERS] + [["optimizer=external",
+                                                               "optimizer._target_=schedulefree.AdamWScheduleFree"]]
+
+
+@pytest.mark.parametrize("chosen", CONFIGS, ids=lambda chosen: chosen[-1].rpartition("=")[2])
+def test_resumed_optimizer_runs_at_the_configured_lr_not_the_checkpoints(chosen):
+    checkpoint = trained_checkpoint(composed(*chosen, "optimizer.lr=3e-3"))
+    cfg = composed(*chosen, "optimizer.lr=1e-2")
     optimizer, changes = resumed(cfg, checkpoint)
+    saved = trained_checkpoint(composed(*chosen, "optimizer.lr=3e-3"), keep_optimizer=True)
+    assert group_state(optimizer) == group_state(saved)  # its state kept in its groups: the checkpoint's
     assert changes["optimizer.lr"] == (3e-3, 1e-2)
     lr = apply_schedule(optimizer, 3, SCHEDULE, cfg.optimizer)
     assert lr == learning_rate(3, peak_lr=1e-2, **SCHEDULE)
