@@ -29,11 +29,12 @@ from training import memory
 from training.distributed import (DistributedContext, all_gather_objects, distributed_session, stop_with_message,
                                   wrap_data_parallel)
 from training.divergence import DivergenceGuard, ValLossWatch, initial_val_loss, skip_update
-from training.eval_weights import evaluation_weights
+from training.eval_weights import evaluation_weights, start_training
 from training.finished import finished_step, keep_finished_checkpoints, nothing_left_to_train
 from training.hellaswag import training_items
 from training.metrics import MetricsLogger, StepWindow, default_run_name, read_metrics
-from training.optimizers import build_optimizer, import_zero_before_the_process_group, local_optimizer, state_bytes
+from training.optimizers import (build_optimizer, import_zero_before_the_process_group, local_optimizer, reported_lr,
+                                 state_bytes)
 from training.preemption import PreemptionSignal, refuse_if_terminated
 from training.provenance import code_on_every_rank, launch_record
 from training.resume import Resumed, resume_run
@@ -151,7 +152,8 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
         window.add(time.perf_counter() - step_start, clipped=t.grad_clip > 0 and grad_norm > t.grad_clip)
 
         if logging_now:
-            metrics.log(window.record(done, progress.tokens, lr, train_loss, grad_norm, guard.skipped_steps))
+            metrics.log(window.record(done, progress.tokens, reported_lr(optimizer, cfg.optimizer, lr), train_loss,
+                                      grad_norm, guard.skipped_steps))
         if evaluating:
             evaluate(train_model, optimizer, train_batches, val_batches, done, progress, metrics, watch, t, autocast,
                      ctx)
@@ -247,6 +249,7 @@ def build_model_and_optimizer(cfg: DictConfig, ctx: DistributedContext,
     if t.zero1 and not ctx.enabled:
         log.info("train.zero1=true has nothing to shard in a single process: using the plain optimizer")
     optimizer = build_optimizer(cfg.optimizer, model, zero1=t.zero1 and ctx.enabled)
+    start_training(optimizer)
     if draws:
         draws.start_after_model_init(torch.get_rng_state())
     seed_everything(t.seed + ctx.rank)

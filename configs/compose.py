@@ -71,7 +71,7 @@ def check_known_keys(cfg) -> None:
     for key in cfg:
         require(key in sections, f"unknown config key {key!r}: the top-level keys are {', '.join(sections)}")
     for section, schema in sections.items():
-        if schema is None or section not in cfg:
+        if schema is None or section not in cfg or getattr(schema, "takes_class_arguments", False):
             continue
         known = [f.name for f in dataclasses.fields(schema)]
         for key in cfg[section]:
@@ -126,7 +126,7 @@ def validate(cfg) -> None:
         require(t.min_lr <= o[key], f"train.min_lr ({t.min_lr}) must not exceed optimizer.{key} ({o[key]}): "
                 f"every part of {o.name} decays to train.min_lr")
     check_optimizer_hyperparameters(o)
-    OPTIMIZERS[o.name].check(o)
+    OPTIMIZERS[o.name].check(cfg)
     require(t.eval_sampling == EvalSampling.fixed or cfg.data.sampling != Sampling.sequential,
             "train.eval_sampling=fresh draws random validation windows, which data.sampling=sequential does not "
             "serve: use train.eval_sampling=fixed, or data.sampling=random")

@@ -10,15 +10,18 @@ optimizers from here, the YAML files and ``mars/``'s modules.
 The rows import the schema (``configs/schema.py``), never the other way: ``configs/compose.py`` registers each row's
 schema with Hydra and validates a config with its row's check.
 """
+import importlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from configs.schema import AdamWConfig, ConfigError, MarsConfig, MarsMConfig, MoonlightConfig, MuonConfig
+from configs.schema import (AdamWConfig, ConfigError, LrSchedule, MarsConfig, MarsMConfig, MoonlightConfig, MuonConfig,
+                            OptimizerConfig, require)
+from mars.traits import constructor_arguments
 
 log = logging.getLogger("train")
 
@@ -94,11 +97,13 @@ class OptimizerEntry:
     # A run's label in tables and figures (one per variant it runs) -> the name tables, figures and
     # scripts/bench_train.py show, in table order.
     labels: dict[str, str]
-    # Its config check beyond what configs.schema checks of every optimizer (betas, eps, momentum, gamma, weight
-    # decays, learning rates by their names): raises ConfigError naming the key, before any data loads.
-    check: Callable[[Mapping], None] = lambda cfg: None
-    # The train.* settings it runs with by default (train.py's own otherwise); an experiment or the command line
-    # overrides them.
+    # Its check of the whole config it trains under (``run.optimizer``, ``run.train``: schedule, warmup, precision),
+    # beyond what configs.schema checks of every optimizer (betas, eps, momentum, gamma, weight decays, learning
+    # rates by their names): one ``require(condition, message)`` a setting, raising ConfigError naming the key and
+    # the fix before any data loads. The train settings it refuses are said here.
+    check: Callable[[Mapping], None] = lambda run: None
+    # The train.* settings it runs with by default (train.py's own otherwise): those it needs. An experiment or the
+    # command line overrides them (its check refuses what it cannot run with).
     train_defaults: Mapping[str, Any] = field(default_factory=dict)
     # The label of a run of this config; by default its name.
     label: Callable[[Mapping], str] = lambda cfg: cfg["name"]
@@ -107,8 +112,14 @@ class OptimizerEntry:
         lambda model, cfg: param_groups(model, cfg["weight_decay"], cfg["decay_embeddings"]))
     # Whether it orthogonalises updates with Newton-Schulz (then DDP ranks share that work out).
     orthogonalises: Callable[[Mapping], bool] = lambda cfg: False
-    # Its config keys whose change on resume leaves the checkpoint's state without meaning, and why.
+    # Its config keys whose change on resume leaves the checkpoint's state without meaning, and why: refused for
+    # this optimizer only (another row's key of the same name is its own).
     state_keys: dict[str, str] = field(default_factory=dict)
+    # The lr a run logs, from the optimizer after its step and the trainer's scheduled lr: by default the lr the
+    # optimizer says it stepped at (``scheduled_lr`` in its first group, as schedule-free's warmup keeps it), else
+    # the trainer's.
+    reported_lr: Callable[[torch.optim.Optimizer, float], float] = (
+        lambda optimizer, lr: optimizer.param_groups[0].get("scheduled_lr", lr))
     # Its config keys that a config of this kind never reads (a run differing only there ran the same thing).
     unread_keys: Callable[[Mapping], tuple[str, ...]] = lambda cfg: ()
     # The labels the MARS paper's table has rows for (scripts/make_table.py compares them with the paper).
@@ -151,11 +162,11 @@ def mars_arguments(cfg, device: torch.device) -> Arguments:
                       ns_form=cfg.ns_form, ns_cuda_graph=cfg.ns_cuda_graph, ns_batch=cfg.ns_batch)
 
 
-def check_mars_config(cfg) -> None:
+def check_mars_config(run) -> None:
     from mars.reference import MARS_TYPES
 
-    if cfg["mars_type"] not in MARS_TYPES:
-        raise ConfigError(f"optimizer.mars_type must be one of {', '.join(MARS_TYPES)}, got {cfg['mars_type']!r}")
+    mars_type = run.optimizer.mars_type
+    require(mars_type in MARS_TYPES, f"optimizer.mars_type must be one of {', '.join(MARS_TYPES)}, got {mars_type!r}")
 
 
 def mars_label(cfg) -> str:
@@ -207,6 +218,79 @@ def moonlight_arguments(cfg, device: torch.device) -> Arguments:
     return Moonlight, dict(matrix_rule_arguments(cfg, device), nesterov=cfg.nesterov)
 
 
+@dataclass
+class ScheduleFreeSGDConfig(OptimizerConfig):
+    """Schedule-free SGD (mars.ScheduleFreeSGD): no lr decay; evaluated at the average of its iterates."""
+
+    name: str = "schedule-free-sgd"
+    momentum: float = 0.9
+
+
+def schedule_free_sgd_arguments(cfg, device: torch.device) -> Arguments:
+    from mars import ScheduleFreeSGD
+
+    return ScheduleFreeSGD, dict(lr=cfg.lr, momentum=cfg.momentum)
+
+
+def check_schedule_free(run) -> None:
+    schedule = LrSchedule(run.train.lr_schedule)
+    require(schedule == LrSchedule.constant, f"train.lr_schedule={schedule.value} decays the lr, which "
+            "schedule-free SGD replaces by its average: set train.lr_schedule=constant (a warmup stays)")
+
+
+@dataclass
+class ExternalConfig(OptimizerConfig):
+    """Any installed ``torch.optim.Optimizer``, named by its import path as Hydra's ``_target_`` names a class
+    (``optimizer=external optimizer._target_=schedulefree.AdamWScheduleFree optimizer.lr=1e-3``); its other
+    constructor arguments as ``+optimizer.<argument>=<value>``. Weight decay on >=2-D weights only, as our rows."""
+
+    name: str = "external"
+    takes_class_arguments: ClassVar[bool] = True
+    _target_: str = "torch.optim.NAdam"
+
+
+# The keys of optimizer=external that are not its class's constructor arguments (weight_decay goes to the groups).
+EXTERNAL_OWN_KEYS = ("name", "_target_", "decay_embeddings")
+
+
+def external_class(cfg) -> type[torch.optim.Optimizer]:
+    """The class ``optimizer._target_`` names, refused in one line unless it is an installed torch optimizer."""
+    target = cfg["_target_"]
+    module, _, name = target.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name, None) if module else None
+    except ImportError as error:
+        raise ConfigError(f"optimizer._target_={target} cannot be imported ({error}): install its package, or "
+                          "name an installed optimizer class (torch.optim.NAdam)") from None
+    require(isinstance(found, type) and issubclass(found, torch.optim.Optimizer),
+            f"optimizer._target_={target} is not a torch.optim.Optimizer class: name one by its import path "
+            "(schedulefree.AdamWScheduleFree, torch.optim.NAdam)")
+    return found
+
+
+def external_arguments(cfg, device: torch.device) -> Arguments:
+    arguments = {key: tuple(value) if isinstance(value, Sequence) and not isinstance(value, str) else value
+                 for key, value in cfg.items() if key not in (*EXTERNAL_OWN_KEYS, "weight_decay")}
+    return external_class(cfg), arguments
+
+
+def check_external(run) -> None:
+    """Every key of optimizer=external is an argument of its class (weight decay, unless 0, too)."""
+    cfg = run.optimizer
+    optimizer_class = external_class(cfg)
+    known = constructor_arguments(optimizer_class)
+    require("weight_decay" in known or cfg.weight_decay == 0.0, f"optimizer.weight_decay={cfg.weight_decay}: "
+            f"{cfg._target_} takes no weight decay, set optimizer.weight_decay=0")
+    for key in cfg:
+        require(key in known or key in (*EXTERNAL_OWN_KEYS, "weight_decay"),
+                f"optimizer.{key} is not an argument of {cfg._target_}: its arguments are {', '.join(sorted(known))}")
+
+
+def external_label(cfg) -> str:
+    """An external optimizer's class name (AdamWScheduleFree), as the tables show it."""
+    return cfg["_target_"].rpartition(".")[2]
+
+
 IS_APPROX = {"is_approx": "the MARS scheme (exact or approximate) and its remembered gradients"}
 
 # In the tables' order: the paper's baselines, MARS, then the second paper's (MARS-M) optimizers.
@@ -234,6 +318,10 @@ OPTIMIZERS: dict[str, OptimizerEntry] = {entry.name: entry for entry in (
                    orthogonalises=lambda cfg: True,
                    state_keys={**IS_APPROX, "memory_efficient": "the MARS-M variant and its state"},
                    authors_draw_a_step_ahead=True),
+    OptimizerEntry(ScheduleFreeSGDConfig, schedule_free_sgd_arguments, labels={"schedule-free-sgd": "SF-SGD"},
+                   check=check_schedule_free, train_defaults={"lr_schedule": "constant"}),
+    OptimizerEntry(ExternalConfig, external_arguments, label=external_label, check=check_external, labels={},
+                   state_keys={"_target_": "the optimizer class and its state"}),
 )}
 
 

@@ -89,6 +89,9 @@ class OptimizerConfig:
     # Learning rates of other parts that the schedule keeps in proportion to lr (MARS's lr_1d, as the authors'
     # lr_1d_factor): each is its configured value times the scheduled lr / optimizer.lr (not fields).
     proportional_lrs: ClassVar[tuple[str, ...]] = ()
+    # Whether its keys beyond its fields are its class's constructor arguments, which its row's check knows
+    # (optimizer=external: ``+optimizer.betas=[0.9,0.99]``), rather than unknown keys (not a field).
+    takes_class_arguments: ClassVar[bool] = False
 
 
 @dataclass

@@ -28,6 +28,7 @@ from mars import reference, shampoo_foreach, torch_backend
 from mars.cuda_graph import CapturedLists, CudaGraphedNewtonSchulz
 from mars.newton_schulz import check_ns_form, orthogonalise
 from mars.step_count import advance_steps
+from mars.traits import DEFAULTS as TRAIT_DEFAULTS
 
 BACKENDS = ("auto", "reference", "torch", "triton")
 
@@ -344,9 +345,10 @@ class DispatchingOptimizer(torch.optim.Optimizer):
     LEARNING_RATES: tuple[str, ...] = ("lr",)
     # The learning rates of LEARNING_RATES that a group keeps as a ratio to its lr (ratio_key).
     FOLLOWING_LRS: tuple[str, ...] = ()
-    # Steps that only initialise state and leave the parameters where they are (ADOPT's first step sets its second
-    # moment): what a test expecting a step to move the weights reads.
-    STATE_ONLY_STEPS: int = 0
+    # The traits the harness reads of any optimizer class (mars/traits.py says each): set one in a subclass.
+    STATE_ONLY_STEPS: int = TRAIT_DEFAULTS["STATE_ONLY_STEPS"]
+    UPDATES_LINEAR_IN_LR: bool = TRAIT_DEFAULTS["UPDATES_LINEAR_IN_LR"]
+    GROUP_STATE_KEYS: tuple[str, ...] = TRAIT_DEFAULTS["GROUP_STATE_KEYS"]
     # The group hyperparameters that :meth:`_rule` reads: a change sorts the group's tensors again.
     RULE_KEYS: tuple[str, ...] = ()
 

@@ -56,7 +56,8 @@ def row_name(optimizer_cfg) -> str:
     options = [" fused_gram"] if optimizer_cfg.get("ns_form") == "fused_gram" else []
     options += [" ns_batch"] if optimizer_cfg.get("ns_batch") else []
     options += [" CUDA graph"] if optimizer_cfg.get("ns_cuda_graph") else []
-    return entry.labels[entry.label(optimizer_cfg)] + "".join(options)
+    label = entry.label(optimizer_cfg)
+    return entry.labels.get(label, label) + "".join(options)  # optimizer=external: its class name
 
 
 @functools.cache

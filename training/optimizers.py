@@ -74,3 +74,8 @@ def full_state_dict(optimizer: torch.optim.Optimizer) -> dict | None:
         optimizer.consolidate_state_dict(to=0)
         return optimizer.state_dict() if optimizer.rank == 0 else None
     return optimizer.state_dict()
+
+
+def reported_lr(optimizer: torch.optim.Optimizer, cfg, lr: float) -> float:
+    """The lr a run logs for a step at the trainer's ``lr``: the one its registry row reports."""
+    return optimizer_entry(cfg.name).reported_lr(local_optimizer(optimizer), lr)

@@ -1,7 +1,6 @@
 """Resuming a run: the newest checkpoint every rank can read, and what a resume may change. Settings that keep the
 checkpoint's state meaningful take effect (and are logged); changes that would make it meaningless stop the run
 before anything is loaded."""
-import inspect
 import logging
 import shlex
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from configs.registry import OPTIMIZERS
 from configs.schema import LrSchedule, lr_decay_end
 from data.authors_draws import AuthorsDraws
 from mars.optimizer import ratio_key
+from mars.traits import constructor_arguments, trait
 from training.checkpoint import CheckpointReadError, latest_checkpoint, set_aside_checkpoints_after
 from training.distributed import DistributedContext, all_gather_objects
 from training.optimizers import local_optimizer
@@ -25,8 +25,8 @@ from training.sweep import in_sweep
 
 log = logging.getLogger("train")
 
-# Keys whose change leaves the checkpoint's weights or optimizer state without meaning, and why.
-STATE_DEFINING_KEYS = {
+# Keys whose change leaves the checkpoint's weights or optimizer state without meaning whatever the optimizer, and why.
+COMMON_STATE_KEYS = {
     "model.n_layer": "the model's shape",
     "model.n_head": "the model's shape",
     "model.n_embd": "the model's shape",
@@ -37,8 +37,17 @@ STATE_DEFINING_KEYS = {
     "model.scale_attn_by_inverse_layer_idx": "what the trained weights compute",
     "optimizer.name": "the optimizer and its state",
     "optimizer.decay_embeddings": "the optimizer's parameter groups",
-    **{f"optimizer.{key}": why for entry in OPTIMIZERS.values() for key, why in entry.state_keys.items()},
 }
+
+
+def state_defining_keys(optimizer_name: str) -> dict[str, str]:
+    """The keys whose change on resume leaves the checkpoint's state without meaning, and why: the common ones and
+    those of the optimizer's own row (``state_keys``), which bind no other optimizer."""
+    entry = OPTIMIZERS.get(optimizer_name)
+    own = entry.state_keys if entry else {}
+    return {**COMMON_STATE_KEYS, **{f"optimizer.{key}": why for key, why in own.items()}}
+
+
 # Keys that only say how this launch resumes: not a change of the run's settings.
 LAUNCH_KEYS = {"train.resume", "train.overwrite", "train.distributed_timeout_s"}
 
@@ -68,10 +77,12 @@ def config_changes(saved: dict, configured: dict) -> dict[str, tuple]:
             if key not in LAUNCH_KEYS and old[key] != new[key]}
 
 
-def check_resumable(changes: dict[str, tuple], checkpoint_path) -> None:
-    """Raise :class:`ResumeRefused` naming every state-defining key among ``changes``."""
-    refused = [f"{key} (checkpoint {old!r}, now {new!r}: {STATE_DEFINING_KEYS[key]})"
-               for key, (old, new) in changes.items() if key in STATE_DEFINING_KEYS]
+def check_resumable(changes: dict[str, tuple], checkpoint_path, optimizer_name: str) -> None:
+    """Raise :class:`ResumeRefused` naming every key among ``changes`` that defines the state of a run of the
+    optimizer ``optimizer_name``."""
+    defining = state_defining_keys(optimizer_name)
+    refused = [f"{key} (checkpoint {old!r}, now {new!r}: {defining[key]})"
+               for key, (old, new) in changes.items() if key in defining]
     if refused:
         raise ResumeRefused(
             f"cannot resume {checkpoint_path} with a changed {'; '.join(refused)}; the checkpoint's state does not "
@@ -79,11 +90,12 @@ def check_resumable(changes: dict[str, tuple], checkpoint_path) -> None:
         )
 
 
-def constructor_arguments(optimizer_class: type) -> set[str]:
-    """The names of the arguments ``optimizer_class`` (and the classes it extends) takes: the settings a config
-    sets, which a param group may also set."""
-    return {name for cls in optimizer_class.__mro__ if issubclass(cls, torch.optim.Optimizer)
-            and cls is not torch.optim.Optimizer for name in inspect.signature(cls.__init__).parameters}
+def configured_keys(optimizer_class: type[torch.optim.Optimizer]) -> set[str]:
+    """The param-group keys a config sets: the constructor's arguments (a second learning rate as its ratio to lr,
+    mars.optimizer.ratio_key), but those the class keeps as its state (``GROUP_STATE_KEYS``, mars/traits.py)."""
+    arguments = constructor_arguments(optimizer_class) | {
+        ratio_key(name) for name in getattr(optimizer_class, "FOLLOWING_LRS", ())}
+    return arguments - set(trait(optimizer_class, "GROUP_STATE_KEYS"))
 
 
 def fresh_param_groups(optimizer: torch.optim.Optimizer) -> list[dict]:
@@ -99,10 +111,7 @@ def restore_hyperparameters(optimizer: torch.optim.Optimizer, fresh: list[dict])
     counter, a schedule-free average's weight) is its state and keeps the checkpoint's value. What only the
     checkpoint's groups carry (the schedule's ``peak_lr``) goes.
     """
-    optimizer_class = type(local_optimizer(optimizer))
-    # A second learning rate is kept as its ratio to lr (mars.optimizer.ratio_key): configured, as the rate.
-    configured = constructor_arguments(optimizer_class) | {
-        ratio_key(name) for name in getattr(optimizer_class, "FOLLOWING_LRS", ())}
+    configured = configured_keys(type(local_optimizer(optimizer)))
     for group, built in zip(optimizer.param_groups, fresh, strict=True):
         kept = {key: group[key] for key in built if key not in configured and key in group}
         params = group["params"]
@@ -131,7 +140,7 @@ def resume_from(ckpt: dict, checkpoint_path: Path, config_dict: dict, model, opt
     Raises :class:`ResumeRefused` when a change leaves the state without meaning.
     """
     changes = config_changes(ckpt["config"], config_dict)
-    check_resumable(changes, checkpoint_path)
+    check_resumable(changes, checkpoint_path, config_dict["optimizer"]["name"])
     if draws:
         draws.load_state_dict(authors_draws_of_this_rank(ckpt, checkpoint_path, ctx))
     fresh = fresh_param_groups(optimizer)

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from configs.compose import CONFIG_DIR, compose_config, register_configs, validate
 from configs.registry import OPTIMIZERS
-from configs.schema import ConfigError, TrainConfig
+from configs.schema import ConfigError, TrainConfig, require
 from tests import warm_python
 from tests.training.optimizer_configs import registered_configs
 
@@ -48,6 +48,26 @@ def test_a_bad_value_of_any_registered_optimizer_is_refused_by_the_config_check_
 def test_a_rows_own_check_refuses_its_bad_value_naming_the_key():
     with pytest.raises(ConfigError, match=r"optimizer\.mars_type"):
         validate(load("optimizer=mars-adamw", "optimizer.mars_type=mars-sgd"))
+
+
+def refuse_a_schedule_a_second_warmup_and_float16(run):
+    """A row's check of the config it trains under, as an optimizer with its own warmup and no schedule would."""
+    require(run.train.lr_schedule == "constant", "train.lr_schedule=cosine: this optimizer needs no schedule, set "
+            "train.lr_schedule=constant")
+    require(run.train.warmup_iters == 0, "train.warmup_iters: this optimizer warms up itself, set it to 0")
+    require(run.train.dtype != "float16", "train.dtype=float16: this optimizer needs bfloat16 or float32")
+
+
+def test_a_rows_check_sees_the_whole_config_it_trains_under(monkeypatch):
+    monkeypatch.setitem(OPTIMIZERS, "adamw", dataclasses.replace(OPTIMIZERS["adamw"],
+                                                                 check=refuse_a_schedule_a_second_warmup_and_float16))
+    fine = ["optimizer=adamw", "train.lr_schedule=constant", "train.warmup_iters=0"]
+    validate(load(*fine))
+    for override, key in (("train.lr_schedule=cosine", "train.lr_schedule"), ("train.warmup_iters=5",
+                          "train.warmup_iters"), ("train.dtype=float16", "train.dtype")):
+        with pytest.raises(ConfigError, match=rf"^{key}\b"):
+            validate(load(*fine, override))
+    validate(load("optimizer=mars-adamw"))  # another row's check: its own
 
 
 @pytest.mark.slow

@@ -12,9 +12,10 @@ import pickle
 import pytest
 import torch
 
-from mars import MARS, MarsM, MarsMEfficient, Moonlight, Muon, cuda_graph
+from mars import MARS, MarsM, Muon, cuda_graph
 from mars.cuda_graph import CapturedLists
 from mars.newton_schulz import orthogonalise
+from tests.mars.newton_schulz_cases import forms, newton_schulz_optimizers
 from tests.mars.test_newton_schulz import SHAPES, orthogonalise_on_ranks
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
@@ -124,18 +125,16 @@ def two_groups():
     return [[torch.nn.Parameter(torch.randn(shape, generator=generator)) for shape in group] for group in shapes]
 
 
-OPTIMIZERS = {
-    "muon": lambda groups, **kw: Muon([{"params": g} for g in groups], lr=0.02, ns_dtype=torch.float32, **kw),
-    "muon-fused_gram": lambda groups, **kw: Muon([{"params": g} for g in groups], lr=0.02, ns_dtype=torch.float32,
-                                                 ns_form="fused_gram", **kw),
-    "mars-shampoo": lambda groups, **kw: MARS([{"params": g} for g in groups], lr=0.01, mars_type="mars-shampoo",
-                                              ns_dtype=torch.float32, backend="torch", **kw),
-    "mars-m": lambda groups, **kw: MarsM([{"params": g} for g in groups], lr=0.01, ns_dtype=torch.float32, **kw),
-    "mars-m-efficient": lambda groups, **kw: MarsMEfficient([{"params": g} for g in groups], lr=0.01,
-                                                            ns_dtype=torch.float32, **kw),
-    "moonlight": lambda groups, **kw: Moonlight([{"params": g} for g in groups], lr=0.01, ns_dtype=torch.float32,
-                                                **kw),
-}
+def newton_schulz_optimizer(optimizer_class, arguments):
+    """The optimizer over ``groups`` (one param group each), Newton-Schulz in float32."""
+    return lambda groups, **options: optimizer_class([{"params": g} for g in groups], **arguments,
+                                                     ns_dtype=torch.float32, **options)
+
+
+# Every optimizer of mars that runs Newton-Schulz in each form it takes (the exact scheme's stash aside).
+OPTIMIZERS = {f"{name}-{form}": newton_schulz_optimizer(cls, {**arguments, "ns_form": form})
+              for name, (cls, arguments) in newton_schulz_optimizers().items() if "is_approx" not in arguments
+              for form in forms(cls, arguments)}
 
 
 def run_steps(make_optimizer, steps=4, **options):

@@ -9,6 +9,7 @@ runs the 2-D product on each slice. On CUDA a batched product (another cuBLAS ke
 checked here.
 """
 import copy
+import inspect
 import sys
 from pathlib import Path
 
@@ -16,8 +17,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mars import MARS, MarsM, MarsMEfficient, Moonlight, Muon, cuda_graph, newton_schulz
+from mars import MARS, MarsM, Moonlight, Muon, cuda_graph, newton_schulz
 from tests import warm_python
+from tests.mars.newton_schulz_cases import forms, newton_schulz_optimizers
 from tests.mars.test_cuda_graph import ReplayedEagerly
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,23 +28,9 @@ REPO = Path(__file__).resolve().parents[2]
 SHAPES = [(12, 4), (8, 8), (12, 4), (5,), (4, 12), (8, 8), (12, 4), (3, 5), (4, 12), (4,)]
 
 
-def forms(name):
-    """The Newton-Schulz forms an optimizer takes (gram needs the norm in the Newton-Schulz dtype)."""
-    return ("products", "fused_gram") if name in ("mars-shampoo", "muon-float32-updates") else newton_schulz.NS_FORMS
-
-
 # name -> the optimizer's class and arguments; every one runs Newton-Schulz in bfloat16, the dtype whose rounding a
 # different division or product order would show.
-OPTIMIZERS = {
-    "muon": (Muon, dict(lr=0.02, weight_decay=0.05)),
-    "muon-float32-updates": (Muon, dict(lr=0.02, update_dtype=torch.float32)),
-    "mars-shampoo": (MARS, dict(lr=0.01, mars_type="mars-shampoo", backend="torch")),
-    "mars-shampoo-exact": (MARS, dict(lr=0.01, mars_type="mars-shampoo", backend="torch", is_approx=False)),
-    "mars-m": (MarsM, dict(lr=0.01)),
-    "mars-m-exact": (MarsM, dict(lr=0.01, is_approx=False)),
-    "mars-m-efficient": (MarsMEfficient, dict(lr=0.01)),
-    "moonlight": (Moonlight, dict(lr=0.01)),
-}
+OPTIMIZERS = newton_schulz_optimizers()
 
 
 def make(name, params, **options):
@@ -50,7 +38,7 @@ def make(name, params, **options):
     return optimizer_class(params, **arguments, **options)
 
 
-CASES = [(name, form) for name in OPTIMIZERS for form in forms(name.removesuffix("-exact"))]
+CASES = [(name, form) for name, case in OPTIMIZERS.items() for form in forms(*case)]
 
 
 def initial_params(seed=0):
@@ -108,7 +96,7 @@ def test_batched_newton_schulz_steps_bit_for_bit_as_one_matrix_at_a_time(name, f
     assert sorted(set(stacked)) == [(2, 4, 12), (2, 8, 8), (3, 5), (3, 12, 4)]
 
 
-@pytest.mark.parametrize("name", ["muon", "mars-shampoo", "mars-m"])
+@pytest.mark.parametrize("name", ["Muon", "MARS", "MarsM"])
 def test_batched_newton_schulz_through_the_graphs_buffers_steps_as_one_matrix_at_a_time(name, monkeypatch):
     monkeypatch.setattr(cuda_graph, "CapturedLists", ReplayedEagerly)  # the graph's buffers, replayed on the CPU
     one_by_one, _ = run(name, "products")
@@ -119,7 +107,7 @@ def test_batched_newton_schulz_through_the_graphs_buffers_steps_as_one_matrix_at
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
-@pytest.mark.parametrize("name", ["muon", "mars-shampoo", "mars-m"])
+@pytest.mark.parametrize("name", ["Muon", "MARS", "MarsM"])
 def test_on_cuda_the_batched_graph_steps_bit_for_bit_as_the_batched_eager_kernels(name):
     def on_cuda(**options):
         params = [torch.nn.Parameter(p.cuda()) for p in initial_params()]
@@ -132,10 +120,10 @@ def test_on_cuda_the_batched_graph_steps_bit_for_bit_as_the_batched_eager_kernel
         assert torch.equal(graphed, eager)
 
 
-@pytest.mark.parametrize("name", ["muon", "mars-shampoo-exact", "mars-m-exact", "moonlight"])
+@pytest.mark.parametrize("name", ["Muon", "MARS-exact", "MarsM-exact", "Moonlight"])
 @pytest.mark.parametrize("saved_batched", [False, True])
 def test_a_state_dict_resumes_across_the_option_identically(name, saved_batched):
-    form = "products" if name.startswith(("muon", "mars-shampoo")) else "gram"
+    form = inspect.signature(OPTIMIZERS[name][0]).parameters["ns_form"].default  # the authors' for each
     params = [torch.nn.Parameter(p) for p in initial_params()]
     saving = make(name, params, ns_form=form, ns_batch=saved_batched)
     grads, lookaheads = gradients(4), gradients(4, seed=2)
@@ -177,7 +165,8 @@ def test_a_param_group_setting_ns_batch_otherwise_is_refused():
 
 
 # ------------------------------------------------------------------------------------------- real Gloo ranks
-RANK_OPTIMIZERS = ("muon", "mars-shampoo", "mars-m", "mars-m-efficient", "moonlight")
+# Each class in its default scheme.
+RANK_OPTIMIZERS = [name for name, (cls, _) in OPTIMIZERS.items() if name == cls.__name__]
 
 
 def steps_on_rank(out) -> None:
@@ -190,7 +179,7 @@ def steps_on_rank(out) -> None:
     try:
         finals = {}
         for name in RANK_OPTIMIZERS:
-            for form in forms(name):
+            for form in forms(*OPTIMIZERS[name]):
                 for ns_batch in (False, True):
                     finals[name, form, False, ns_batch], _ = run(name, form, ns_batch=ns_batch,
                                                                  process_group=dist.group.WORLD)
@@ -210,7 +199,7 @@ def test_gloo_ranks_batched_or_not_shared_or_zero1_step_as_one_process(world_siz
         assert rank.returncode == 0, rank.stderr
     results = torch.load(tmp_path / "finals.pt", weights_only=True)
     for name in RANK_OPTIMIZERS:
-        for form in forms(name):
+        for form in forms(*OPTIMIZERS[name]):
             alone, _ = run(name, form)
             for zero1 in (False, True):
                 for ns_batch in (False, True):

@@ -11,21 +11,13 @@ from collections import defaultdict
 import pytest
 import torch
 
-from mars import MARS, MarsM, MarsMEfficient, Moonlight, Muon
+from mars import MARS
+from tests.mars import test_torch_conventions as torch_conventions
 
 SHAPES = [(6, 4), (4,), (4, 6), (6, 4), (3,)]
-OPTIMIZERS = {
-    "mars-adamw": lambda params: MARS(params, lr=0.01, backend="torch"),
-    "mars-adamw-exact": lambda params: MARS(params, lr=0.01, backend="torch", is_approx=False),
-    "mars-adamw-reference": lambda params: MARS(params, lr=0.01, backend="reference"),
-    "mars-shampoo": lambda params: MARS(params, lr=0.01, backend="torch", mars_type="mars-shampoo",
-                                        ns_dtype=torch.float32),
-    "muon": lambda params: Muon(params, lr=0.02, ns_dtype=torch.float32),
-    "mars-m": lambda params: MarsM(params, lr=0.01, ns_dtype=torch.float32),
-    "mars-m-exact": lambda params: MarsM(params, lr=0.01, ns_dtype=torch.float32, is_approx=False),
-    "mars-m-efficient": lambda params: MarsMEfficient(params, lr=0.01, ns_dtype=torch.float32),
-    "moonlight": lambda params: Moonlight(params, lr=0.01, ns_dtype=torch.float32),
-}
+# Every optimizer of mars on each of its CPU paths, and in the exact scheme where it has one (the conventions' cases).
+OPTIMIZERS = {case.id: case.values for case in torch_conventions.OPTIMIZERS if case.values[1].get("backend") != "triton"}
+OPTIMIZERS |= {f"{case.id}-exact": case.values for case in torch_conventions.EXACT_SCHEME}
 
 
 class Run:
@@ -36,7 +28,8 @@ class Run:
         generator = torch.Generator().manual_seed(0)
         self.params = [torch.nn.Parameter(torch.randn(shape, generator=generator)) for shape in SHAPES]
         self.spare = torch.nn.Parameter(torch.randn(6, 4, generator=generator))  # for the group changes
-        self.optimizer = OPTIMIZERS[name](self.params)
+        cls, options = OPTIMIZERS[name]
+        self.optimizer = cls(self.params, **options)
         self.replan, self.generator = replan, torch.Generator().manual_seed(1)
 
     def all_params(self):
@@ -113,9 +106,8 @@ def test_a_kept_plan_steps_as_one_made_afresh_every_step_through_every_change(na
     same_state(kept, replanned)
 
 
-@pytest.mark.parametrize("name, key, value", [("mars-adamw", "optimize_1d", True),
-                                              ("mars-adamw", "mars_type", "mars-shampoo"),
-                                              ("mars-m", "matrix_rule", False), ("moonlight", "matrix_rule", False)])
+@pytest.mark.parametrize("name, key, value", [("MARS", "optimize_1d", True), ("MARS", "mars_type", "mars-shampoo"),
+                                              ("MarsM", "matrix_rule", False), ("Moonlight", "matrix_rule", False)])
 def test_a_hyperparameter_that_chooses_the_rule_resorts_the_group(name, key, value):
     kept, replanned = Run(name, replan=False), Run(name, replan=True)
     for run in (kept, replanned):

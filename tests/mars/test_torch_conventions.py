@@ -15,6 +15,7 @@ from torch.optim import lr_scheduler
 import mars
 from mars import MARS, MarsM, Muon, available_backends
 from mars.optimizer import BACKENDS, LookaheadGradient
+from mars.traits import trait
 from tests.mars import saved_state_dicts
 
 needs_triton = pytest.mark.skipif("triton" not in available_backends("cpu"),
@@ -52,6 +53,8 @@ def case(cls, options):
 
 # (optimizer class, constructor options): every optimizer of mars with its default path, then its others.
 OPTIMIZERS = [case(cls, options) for cls in optimizers_of_mars() for options in [{}, *other_paths(cls)]]
+# Those whose updates are the lr times an lr-free direction (mars/traits.py): schedulers scale them, lr 0 freezes.
+LINEAR_IN_LR = [case for case in OPTIMIZERS if trait(case.values[0], "UPDATES_LINEAR_IN_LR")]
 # A matrix and a vector, so that both rules of every optimizer step (the matrix rule and its AdamW part).
 SHAPES = [(5, 3), (3,)]
 # Large then small gradients: the norm clips act, and a second moment falls (amsgrad keeps its maximum).
@@ -399,11 +402,11 @@ def test_a_group_that_sets_only_lr_takes_every_other_learning_rate_from_the_cons
     assert_same_params(params, expected_params)
 
 
-@pytest.mark.parametrize("cls, options", OPTIMIZERS)
+@pytest.mark.parametrize("cls, options", LINEAR_IN_LR)
 def test_an_lr_changed_in_param_groups_holds_from_the_next_step(cls, options):
     params = new_params()
     optimizer = cls(params, **options)
-    first = 1 + cls.STATE_ONLY_STEPS  # the steps before the one at lr 0 (ADOPT's first moves nothing)
+    first = 1 + trait(cls, "STATE_ONLY_STEPS")  # the steps before the one at lr 0 (ADOPT's first moves nothing)
     run_steps(optimizer, params, range(first))
     for group in optimizer.param_groups:
         group.update(dict.fromkeys(learning_rates(cls), 0.0))
@@ -431,7 +434,7 @@ def test_parameters_keep_their_dtype_and_state_is_float32_or_float64_for_float64
                    if torch.is_tensor(value) and value.is_floating_point())
 
 
-@pytest.mark.parametrize("cls, options", OPTIMIZERS)
+@pytest.mark.parametrize("cls, options", LINEAR_IN_LR)
 def test_float64_parameters_are_not_rounded_to_float32(cls, options):
     params = new_params(torch.float64)
     optimizer = cls(params, **options)
@@ -472,7 +475,7 @@ GROUP_VALUES = {
     # eps: large enough to change the steps whether it is added to the denominator (Adam) or a floor under it (ADOPT).
     "betas": (0.8, 0.9), "eps": 1.0, "weight_decay": 0.3, "amsgrad": True, "gamma": 0.5, "mars_type": "mars-lion",
     "optimize_1d": True, "lr_1d": 1e-4, "betas_1d": (0.8, 0.9), "weight_decay_1d": 0.3, "ns_dtype": torch.float32,
-    "ns_form": "fused_gram", "momentum": 0.8, "nesterov": False, "ns_steps": 3, "adamw_lr": 1e-4,
+    "ns_form": "fused_gram", "momentum": 0.8, "nesterov": False, "adamw_lr": 1e-4,
     "adamw_betas": (0.8, 0.9), "adamw_eps": 1e-3, "adamw_weight_decay": 0.3, "adamw_variant": "torch",
     "update_dtype": torch.float32, "clip_c": False, "matrix_rule": False,
     "is_approx": None, "backend": None, "process_group": None, "ns_cuda_graph": None, "ns_batch": None,
@@ -496,6 +499,8 @@ def group_value(cls, name):
         return not default
     if isinstance(default, float):
         return default / 2 if default else 0.1
+    if isinstance(default, int):  # a count (ns_steps): one fewer, or one more than 1
+        return default - 1 if default > 1 else default + 1
     assert isinstance(default, tuple) and len(default) == 2, f"new argument {name}: add it to GROUP_VALUES"
     return (0.8, 0.9)  # a pair of betas
 
@@ -563,7 +568,7 @@ def updates(optimizer, params):
 
 
 @pytest.mark.parametrize("scheduler_name", SCHEDULERS)
-@pytest.mark.parametrize("cls, options", OPTIMIZERS)
+@pytest.mark.parametrize("cls, options", LINEAR_IN_LR)
 def test_every_learning_rate_of_a_group_follows_torchs_schedulers_in_proportion(cls, options, scheduler_name):
     # Each step's update of every tensor (the 1-D ones through MARS's lr_1d, Muon's adamw_lr) is the update the same
     # state would take at the group's first lr, times the scheduler's factor: 0 at factor 0. float64, so that the
@@ -580,7 +585,7 @@ def test_every_learning_rate_of_a_group_follows_torchs_schedulers_in_proportion(
             param.grad, copied.grad = grad, grad.clone()
         expected = updates(at_first_lr, at_first_lr_params)
         factor = optimizer.param_groups[0]["lr"] / first_lr
-        moves = step >= cls.STATE_ONLY_STEPS  # (ADOPT's first step only sets its state)
+        moves = step >= trait(cls, "STATE_ONLY_STEPS")  # (ADOPT's first step only sets its state)
         for update, unscaled in zip(updates(optimizer, params), expected):
             assert bool(unscaled.abs().max() > 0) == moves
             if factor == 0.0:
@@ -595,7 +600,7 @@ def test_every_learning_rate_of_a_group_follows_torchs_schedulers_in_proportion(
 
 
 @pytest.mark.parametrize("tensor_lr", [False, True], ids=["float-lr", "tensor-lr"])
-@pytest.mark.parametrize("cls, options", OPTIMIZERS)
+@pytest.mark.parametrize("cls, options", LINEAR_IN_LR)
 def test_lr_zero_freezes_every_tensor_of_the_group(cls, options, tensor_lr):
     # As timm's test_optimizer_zero_lr: a warmup from 0 or a cooldown to 0 leaves every parameter as it is.
     lr = torch.tensor(1e-2) if tensor_lr else 1e-2

@@ -107,4 +107,5 @@ def test_every_optimizer_config_has_a_row_named_as_the_registry_labels_it():
     for path in sorted(bench_train.CONFIG_DIR.glob("optimizer/*.yaml")):
         optimizer_cfg = compose_config([f"optimizer={path.stem}"]).optimizer
         entry = REGISTRY[optimizer_cfg.name]
-        assert bench_train.benched_configs()[entry.labels[entry.label(optimizer_cfg)]] == [f"optimizer={path.stem}"]
+        label = entry.label(optimizer_cfg)  # optimizer=external's: its class name
+        assert bench_train.benched_configs()[entry.labels.get(label, label)] == [f"optimizer={path.stem}"]

@@ -6,6 +6,7 @@ from hydra import compose, initialize_config_dir
 
 from configs.compose import register_configs
 from configs.registry import newton_schulz_dtype, param_groups
+from mars.traits import trait
 from model import GPT, GPTConfig
 from training.optimizers import build_optimizer, optimizer_class_and_arguments
 
@@ -54,7 +55,7 @@ def test_every_optimizer_config_builds_and_takes_a_step(name):
         optimizer.step()
 
     # An optimizer whose first steps only initialise its state (ADOPT's) says so; torch.optim's move at once.
-    for _ in range(getattr(optimizer, "STATE_ONLY_STEPS", 0)):
+    for _ in range(trait(optimizer, "STATE_ONLY_STEPS")):
         step()
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
     step()

@@ -1,5 +1,6 @@
 """What a resume does with settings that differ from the checkpoint's: configured hyperparameters win, and keys
 that define the state are refused by name."""
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,9 @@ from training import resume
 from training.checkpoint import CheckpointReadError, save_checkpoint
 from training.distributed import DistributedContext
 from training.optimizers import build_optimizer
-from training.resume import (STATE_DEFINING_KEYS, ResumeRefused, check_resumable, config_changes,
-                             resume_from)
+from training.eval_weights import start_training
+from training.resume import (ResumeRefused, check_resumable, config_changes, configured_keys, resume_from,
+                             state_defining_keys)
 from training.runtime import rng_state
 from training.schedule import apply_schedule, learning_rate
 
@@ -33,11 +35,13 @@ def composed(*overrides):
     return cfg
 
 
-def trained_checkpoint(cfg, steps=3):
-    """A checkpoint as train.py writes it, after ``steps`` scheduled steps of ``cfg``."""
+def trained_checkpoint(cfg, steps=3, keep_optimizer=False):
+    """A checkpoint as train.py writes it, after ``steps`` scheduled steps of ``cfg`` (``keep_optimizer``: the
+    optimizer then)."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(**OmegaConf.to_container(cfg.model)))
     optimizer = build_optimizer(cfg.optimizer, model)
+    start_training(optimizer)
     for step in range(steps):
         apply_schedule(optimizer, step, SCHEDULE, cfg.optimizer)
         idx = torch.randint(0, 64, (2, 8))
@@ -46,6 +50,8 @@ def trained_checkpoint(cfg, steps=3):
             optimizer.stash_lookahead_grad()
         optimizer.step()
         optimizer.zero_grad()
+    if keep_optimizer:
+        return optimizer
     return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": steps, "tokens": 0,
             "rng": [rng_state()], "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)}
 
@@ -53,21 +59,36 @@ def trained_checkpoint(cfg, steps=3):
 def resumed(cfg, checkpoint):
     model = GPT(GPTConfig(**OmegaConf.to_container(cfg.model)))
     optimizer = build_optimizer(cfg.optimizer, model)
+    start_training(optimizer)
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     changes = resume_from(checkpoint, Path("ckpt_00000003.pt"), config, model, optimizer, DistributedContext())
     return optimizer, changes
 
 
 def hyperparameters(optimizer):
-    return [{key: value for key, value in group.items() if key not in ("params", "peak_lr")}
-            for group in optimizer.param_groups]
+    """Each group's keys as the config sets them: not the schedule's peak_lr nor the optimizer's state kept there."""
+    configured = configured_keys(type(optimizer))
+    return [{key: value for key, value in group.items() if key in configured} for group in optimizer.param_groups]
 
 
-@pytest.mark.parametrize("name", OPTIMIZERS)
-def test_resumed_optimizer_runs_at_the_configured_lr_not_the_checkpoints(name):
-    checkpoint = trained_checkpoint(composed(f"optimizer={name}", "optimizer.lr=3e-3"))
-    cfg = composed(f"optimizer={name}", "optimizer.lr=1e-2")
+def group_state(optimizer):
+    """Each group's keys the optimizer keeps as its state (schedule-free's k, weight_sum, ...)."""
+    kept = configured_keys(type(optimizer)) | {"params", "peak_lr"}
+    return [{key: value for key, value in group.items() if key not in kept} for group in optimizer.param_groups]
+
+
+# Every config, and an installed optimizer that keeps counters in its groups (schedulefree's k, weight_sum, lr_max).
+CONFIGS = [[f"optimizer={name}"] for name in OPTIMIZERS] + [["optimizer=external",
+                                                               "optimizer._target_=schedulefree.AdamWScheduleFree"]]
+
+
+@pytest.mark.parametrize("chosen", CONFIGS, ids=lambda chosen: chosen[-1].rpartition("=")[2])
+def test_resumed_optimizer_runs_at_the_configured_lr_not_the_checkpoints(chosen):
+    checkpoint = trained_checkpoint(composed(*chosen, "optimizer.lr=3e-3"))
+    cfg = composed(*chosen, "optimizer.lr=1e-2")
     optimizer, changes = resumed(cfg, checkpoint)
+    saved = trained_checkpoint(composed(*chosen, "optimizer.lr=3e-3"), keep_optimizer=True)
+    assert group_state(optimizer) == group_state(saved)  # its state kept in its groups: the checkpoint's
     assert changes["optimizer.lr"] == (3e-3, 1e-2)
     lr = apply_schedule(optimizer, 3, SCHEDULE, cfg.optimizer)
     assert lr == learning_rate(3, peak_lr=1e-2, **SCHEDULE)
@@ -122,11 +143,27 @@ def test_keys_a_checkpoint_does_not_record_are_not_reported_as_changed():
     assert config_changes(saved, configured) == {}  # activation: unknown before; resume: how this launch starts
 
 
-def test_every_state_defining_key_is_a_config_key():
+@pytest.mark.parametrize("name", REGISTRY)
+def test_every_state_defining_key_is_a_config_key_of_its_optimizer(name):
     fields = {f"model.{key}" for key in ModelConfig.__dataclass_fields__}
-    fields |= {f"optimizer.{key}" for entry in REGISTRY.values() for key in entry.schema.__dataclass_fields__}
-    assert set(STATE_DEFINING_KEYS) <= fields
-    check_resumable({"optimizer.lr": (1e-3, 2e-3)}, "ckpt.pt")  # hyperparameters pass
+    fields |= {f"optimizer.{key}" for key in REGISTRY[name].schema.__dataclass_fields__}
+    assert set(state_defining_keys(name)) <= fields
+    check_resumable({"optimizer.lr": (1e-3, 2e-3)}, "ckpt.pt", name)  # hyperparameters pass
+
+
+def test_two_rows_with_different_state_keys_resume_independently(monkeypatch):
+    # AdamW's eps made state-defining binds AdamW only: MARS, which has an eps too, resumes with another.
+    row = dataclasses.replace(REGISTRY["adamw"], state_keys={"eps": "a test's claim that eps defines the state"})
+    monkeypatch.setitem(REGISTRY, "adamw", row)
+    for name, refused in (("adamw", True), ("mars-adamw", False)):
+        checkpoint = trained_checkpoint(composed(f"optimizer={name}"))
+        cfg = composed(f"optimizer={name}", "optimizer.eps=1e-6")
+        if refused:
+            with pytest.raises(ResumeRefused, match=r"changed optimizer.eps \(checkpoint 1e-08, now 1e-06: a test's"):
+                resumed(cfg, checkpoint)
+        else:
+            optimizer, changes = resumed(cfg, checkpoint)
+            assert changes == {"optimizer.eps": (1e-8, 1e-6)} and optimizer.param_groups[0]["eps"] == 1e-6
 
 
 def test_ranks_that_found_different_newest_checkpoints_stop_naming_each_ranks(monkeypatch, tmp_path):
