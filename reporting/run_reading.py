@@ -33,6 +33,7 @@ from configs.registry import OPTIMIZERS
 from configs.resolvers import resolved_container
 from configs.schema import DataConfig, ModelConfig, TrainConfig
 from reporting.run_labels import code_label, corpus_of, model_label, nominal_tokens, optimizer_label, without_defaults
+from training.checkpoint import newest_checkpoint_step
 from training.metrics import METRICS_FILE, read_metrics
 # What train.py writes into a run that was refused, diverged or failed otherwise: {kind, reason, step, overrides, time}.
 from training.sweep import FAILURE_FILE
@@ -66,6 +67,7 @@ class Run:
     code: list[str] = field(default_factory=list)  # the code each launch ran (code_label); empty if unlogged
     failure: dict | None = None  # its failure.json: the run was refused, diverged or failed otherwise
     modified: float = 0.0  # when its directory's files last changed (seconds since the epoch)
+    saved_step: int = 0  # its newest checkpoint's step: a stop saves one past its last logged step
 
     @property
     def failed(self) -> bool:
@@ -129,7 +131,7 @@ class Run:
 
     @property
     def last_step(self) -> int:
-        return max((r["step"] for r in self.records), default=0)
+        return max(max((r["step"] for r in self.records), default=0), self.saved_step)
 
     @property
     def stopped_early(self) -> bool:
@@ -291,7 +293,7 @@ def labelled_run(run_dir: Path, cfg: dict, records: list[dict], failure: dict | 
                gamma=cfg["optimizer"].get("gamma"), records=records, max_iters=cfg["train"]["max_iters"],
                config=cfg, data=launches[0]["data"] if launches else None,
                code=[code_label(r["launch"]) for r in records if "launch" in r], failure=failure,
-               modified=last_modified(run_dir))
+               modified=last_modified(run_dir), saved_step=newest_checkpoint_step(run_dir))
 
 
 class OlderVersionRun(ValueError):
@@ -302,8 +304,8 @@ def check_written_by_this_version(run_dir: Path, cfg: dict) -> None:
     """Raise :class:`OlderVersionRun` if the run's saved config lacks keys of the schema: an older version wrote
     it, and the values it ran for them (not always today's defaults) are unknown."""
     entry = OPTIMIZERS.get(cfg["optimizer"]["name"])
-    schemas = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig,
-               "optimizer": entry.schema if entry else None}
+    schema = entry.schema if entry else None
+    schemas = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "optimizer": schema}
     missing = [f"{section}.{f.name}" for section, schema in schemas.items() if schema is not None
                for f in dataclasses.fields(schema) if f.name not in cfg[section]]
     if missing:
@@ -334,8 +336,7 @@ def changes_setting(key: str) -> bool:
     So does a change of a key of what :func:`load_run` calls a run's setting, of the global batch (a resume by
     another number of processes), and one of the seed or the data (even of a named corpus' data.dir: fineweb-edu's
     10B and 100B samples lie in two directories; or the shards read): the run shares its first steps and initial
-    weights with the seed it started as, and is no independent seed.
-    """
+    weights with the seed it started as, and is no independent seed."""
     section, _, name = key.partition(".")
     return section in ("model", "optimizer", "data") or (
         section == "train" and name in (*SETTING_KEYS, "seed", "global_batch_size"))

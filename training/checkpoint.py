@@ -51,6 +51,11 @@ def checkpoint_files(run_dir: Path) -> list[Path]:
     return sorted(paths, key=checkpoint_step)
 
 
+def newest_checkpoint_step(run_dir: Path) -> int:
+    """The step of the run's newest checkpoint, 0 if it has none."""
+    return max(map(checkpoint_step, checkpoint_files(run_dir)), default=0)
+
+
 def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
     """Write ``state`` as the checkpoint of ``step`` (temp file, fsync, rename), then keep the newest ``keep``."""
     directory = checkpoint_dir(run_dir)

@@ -6,6 +6,7 @@ import pytest
 
 from reporting.run_labels import corpus_of, display_optimizer, nominal_tokens, tokens_label
 from reporting.run_selection import group_settings, load_runs, setting_labels
+from training.checkpoint import save_checkpoint
 
 
 @pytest.mark.parametrize("tokens, label", [(10_000 * 491_520, "5B"), (40_000 * 491_520, "20B"),
@@ -45,6 +46,18 @@ def test_a_run_without_a_training_step_is_a_run_stopped_at_step_0_of_its_configu
     # The tiny config's batch: 8 sequences of 128 tokens, one micro-batch, on one process.
     assert run.budget == 10 * 8 * 128 and run.stopped_early and run.stopped_at == "at step 0 of 10"
     assert run.best_val_loss is None and not run.failed  # step 0 scores the untrained model: no best
+
+
+def test_a_run_stopped_between_its_log_lines_is_stopped_at_the_step_its_checkpoint_saved(tmp_path, make_run):
+    # A stop (Ctrl-C, a preemption) checkpoints the step it finished, past the last one logged: the table says it.
+    run_dir = make_run(tmp_path / "stopped", ["train.max_iters=500"], [10.9, 10.8, 10.7], tokens_per_step=64)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    logged = [line for line in lines if json.loads(line)["step"] < 500]  # it stopped before its end
+    (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in logged))
+    stopped = max(json.loads(line)["step"] for line in logged) + 3
+    save_checkpoint(run_dir, stopped, {"step": stopped}, keep=2)
+    run, = load_runs([str(tmp_path)])
+    assert run.stopped_early and run.stopped_at == f"at step {stopped} of 500"
 
 
 def test_other_model_shapes_and_mars_variants_get_their_own_labels(tmp_path, make_run):
