@@ -135,8 +135,9 @@ OPTIMIZER_CONFIGS = sorted(path.stem for path in (CONFIG_DIR / "optimizer").glob
 
 
 def test_the_variants_cover_every_optimizer_and_scheme_the_registry_labels():
+    # (optimizer=external's label is its class's name: no fixed labels to cover.)
     labelled = {optimizer_entry(cfg.name).label(cfg) for name in OPTIMIZER_CONFIGS
-                for cfg in registered_variants(name).values()}
+                for cfg in registered_variants(name).values() if optimizer_entry(cfg.name).labels}
     assert labelled == {label for entry in OPTIMIZERS.values() for label in entry.labels}
 
 
