@@ -292,7 +292,7 @@ def test_export_says_what_is_wrong_with_a_checkpoint(tmp_path):
     mismatched = tmp_path / "mismatched.pt"
     torch.save({"model": model.state_dict(), "config": {"model": {"n_layer": 2, "n_head": 1, "n_embd": 8,
                                                                   "block_size": 4, "vocab_size": 16}}}, mismatched)
-    with pytest.raises(ValueError, match="its weights do not fit the GPT of its own config"):
+    with pytest.raises(ValueError, match="its weights do not fit the model of its own config"):
         export_hf().export(mismatched, tmp_path / "hf")
     out_file = tmp_path / "out.txt"
     out_file.write_text("")
