@@ -1,4 +1,5 @@
-"""Load the model (GPT-2 or LLaMA) of a checkpoint written by train.py, for every evaluation command (scoring, export, sampling).
+"""Load the model (GPT-2 or LLaMA) of a checkpoint written by train.py, for every evaluation command (scoring,
+export, sampling).
 
 A checkpoint file or a run directory (its newest loadable checkpoint); each way a file can fail to be one gives a
 ValueError or FileNotFoundError with one line that says which.
@@ -19,8 +20,8 @@ from training.metrics import read_metrics
 LIVE_RUN_READS = 5
 
 
-def load_model(checkpoint: Path, device: torch.device = torch.device("cpu")) -> tuple[GPT, Path]:
-    """The GPT of a train.py checkpoint file or run directory (its newest loadable one), on ``device`` in eval
+def load_model(checkpoint: Path, device: torch.device = torch.device("cpu")) -> tuple[nn.Module, Path]:
+    """The model of a train.py checkpoint file or run directory (its newest loadable one), on ``device`` in eval
     mode, and the checkpoint file it came from."""
     checkpoint = Path(checkpoint)
     if not checkpoint.exists():

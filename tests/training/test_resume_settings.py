@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from configs.compose import register_configs
 from configs.registry import OPTIMIZERS as REGISTRY
 from configs.schema import LrSchedule, ModelConfig
-from model import GPT, GPTConfig
+from model import build_model, model_config
 from training import resume
 from training.checkpoint import CheckpointReadError, save_checkpoint
 from training.distributed import DistributedContext
@@ -36,7 +36,7 @@ def composed(*overrides):
 def trained_checkpoint(cfg, steps=3):
     """A checkpoint as train.py writes it, after ``steps`` scheduled steps of ``cfg``."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**OmegaConf.to_container(cfg.model)))
+    model = build_model(model_config(OmegaConf.to_container(cfg.model)))
     optimizer = build_optimizer(cfg.optimizer, model)
     for step in range(steps):
         apply_schedule(optimizer, step, SCHEDULE, cfg.optimizer)
@@ -51,7 +51,7 @@ def trained_checkpoint(cfg, steps=3):
 
 
 def resumed(cfg, checkpoint):
-    model = GPT(GPTConfig(**OmegaConf.to_container(cfg.model)))
+    model = build_model(model_config(OmegaConf.to_container(cfg.model)))
     optimizer = build_optimizer(cfg.optimizer, model)
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     changes = resume_from(checkpoint, Path("ckpt_00000003.pt"), config, model, optimizer, DistributedContext())
@@ -72,7 +72,7 @@ def test_resumed_optimizer_runs_at_the_configured_lr_not_the_checkpoints(name):
     lr = apply_schedule(optimizer, 3, SCHEDULE, cfg.optimizer)
     assert lr == learning_rate(3, peak_lr=1e-2, **SCHEDULE)
     # Every group moves with the configured schedule (groups with a lr of their own keep their ratio to it).
-    fresh = build_optimizer(cfg.optimizer, GPT(GPTConfig(**OmegaConf.to_container(cfg.model))))
+    fresh = build_optimizer(cfg.optimizer, build_model(model_config(OmegaConf.to_container(cfg.model))))
     apply_schedule(fresh, 3, SCHEDULE, cfg.optimizer)
     assert hyperparameters(optimizer) == hyperparameters(fresh)
 
@@ -88,7 +88,7 @@ def test_changed_hyperparameters_replace_the_checkpoints_and_the_state_is_kept(n
     cfg = composed(f"optimizer={name}", *overrides)
     optimizer, changes = resumed(cfg, checkpoint)
     assert set(changes) == {override.split("=")[0] for override in overrides}
-    fresh = build_optimizer(cfg.optimizer, GPT(GPTConfig(**OmegaConf.to_container(cfg.model))))
+    fresh = build_optimizer(cfg.optimizer, build_model(model_config(OmegaConf.to_container(cfg.model))))
     assert hyperparameters(optimizer) == hyperparameters(fresh)
     saved_state = checkpoint["optimizer"]["state"]
     loaded_state = optimizer.state_dict()["state"]
