@@ -124,6 +124,7 @@ def test_positions_matter_unlike_a_bag_of_tokens():
     assert not torch.allclose(model(idx)[0][:, -1], model(reordered)[0][:, -1])
 
 
+@pytest.mark.slow
 def test_compiled_llama_gives_the_eager_loss_and_gradients():
     model = perturbed_llama(LlamaConfig(**TINY)).train()
     tokens = torch.randint(0, TINY["vocab_size"], (2, 17), generator=torch.Generator().manual_seed(3))
