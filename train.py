@@ -1,4 +1,4 @@
-"""Train GPT-2 with AdamW, Muon or MARS on any token-shard corpus. Configured by Hydra (configs/).
+"""Train GPT-2 or a LLaMA-style model with AdamW, Muon or MARS on any token-shard corpus. Configured by Hydra (configs/).
 
     python train.py                                   # tiny GPT-2 on the embedded corpus, CPU, a few minutes
     python train.py model=gpt2-small optimizer=mars-adamw data=openwebtext
@@ -24,7 +24,7 @@ from configs.schema import Draws, grad_accum_steps_for, lr_decay_end
 from configs.user_dirs import ConfigSyntaxError, refuse_config_syntax_errors
 from data.corpora import take_data_dir_as_custom
 from data.loader import TokenBatches, build_batches, draw_as_the_authors
-from model import GPT, GPTConfig
+from model import build_model, model_config
 from training import memory
 from training.distributed import (DistributedContext, all_gather_objects, distributed_session, stop_with_message,
                                   wrap_data_parallel)
@@ -232,7 +232,7 @@ def load_data(cfg: DictConfig, ctx: DistributedContext) -> tuple[TokenBatches, T
 
 
 def build_model_and_optimizer(cfg: DictConfig, ctx: DistributedContext,
-                              train_batches: TokenBatches) -> tuple[GPT, torch.optim.Optimizer]:
+                              train_batches: TokenBatches) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """The model, with the same initial weights on every rank, and its optimizer; then each rank's own dropout
     stream.
 
@@ -242,9 +242,9 @@ def build_model_and_optimizer(cfg: DictConfig, ctx: DistributedContext,
     t = cfg.train
     draws = train_batches.draws
     seed_everything(t.seed + ctx.rank if draws else t.seed)
-    model_config = GPTConfig(**OmegaConf.to_container(cfg.model))
-    with memory.model_weights(model_config.num_params(non_embedding=False), ctx.device):
-        model = GPT(model_config).to(ctx.device)
+    config = model_config(OmegaConf.to_container(cfg.model))
+    with memory.model_weights(config.num_params(non_embedding=False), ctx.device):
+        model = build_model(config).to(ctx.device)
     model.loss_chunk_size = t.loss_chunk_size
     if t.zero1 and not ctx.enabled:
         log.info("train.zero1=true has nothing to shard in a single process: using the plain optimizer")
@@ -256,7 +256,7 @@ def build_model_and_optimizer(cfg: DictConfig, ctx: DistributedContext,
     return model, optimizer
 
 
-def compute_gradients(train_model, model: GPT, optimizer, batches: TokenBatches, step: int, t, autocast,
+def compute_gradients(train_model, model: torch.nn.Module, optimizer, batches: TokenBatches, step: int, t, autocast,
                       lookahead: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients of ``step``, clipped; returns the mean loss, the gradient norm and the look-ahead gradient's
     norm (zero without one), left on the device for ``read_step_scalars``.

@@ -66,15 +66,24 @@ class WandbMode(str, Enum):
 
 @dataclass
 class ModelConfig:
+    """The keys of every architecture (model/__init__.py): each model reads its own, and refuses another's set."""
+
+    arch: str = "gpt2"  # gpt2 (model/gpt.py) or llama (model/llama.py)
     n_layer: int = MISSING
     n_head: int = MISSING
     n_embd: int = MISSING
-    block_size: int = 1024  # context length: the position-embedding table's size
+    block_size: int = 1024  # context length: GPT-2's position-embedding table, LLaMA's rotary table
     vocab_size: int = 50304
+    # GPT-2's
     bias: bool = False
     dropout: float = 0.0
     scale_attn_by_inverse_layer_idx: bool = False  # the MARS authors' runs: true
     activation: str = "gelu"  # gelu (exact) or gelu_tanh (GPT-2's tanh approximation; the MARS authors' runs)
+    # LLaMA's
+    intermediate_size: int = 2048  # the SwiGLU MLP's inner width
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False  # lm_head shares the token embedding (GaLore's LLaMA: not)
 
 
 @dataclass
@@ -321,11 +330,12 @@ def check_optimizer_hyperparameters(o) -> None:
 
 
 def check_model(m) -> None:
-    """The model's own checks (sizes, heads, dropout, activation: model.GPTConfig's), as config errors."""
-    from model import GPTConfig  # with torch: imported when a run's config is validated, not with the schema
+    """The model's own checks (sizes, heads, dropout, activation: model.GPTConfig's or model.LlamaConfig's, and
+    no key of another architecture), as config errors."""
+    from model import model_config  # with torch: imported when a run's config is validated, not with the schema
 
     try:
-        GPTConfig(**OmegaConf.to_container(m))
+        model_config(OmegaConf.to_container(m))
     except ValueError as err:
         raise ConfigError(f"model.{err}") from None
 

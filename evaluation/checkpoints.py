@@ -1,4 +1,5 @@
-"""Load the GPT of a checkpoint written by train.py, for every evaluation command (scoring, export, sampling).
+"""Load the model (GPT-2 or LLaMA) of a checkpoint written by train.py, for every evaluation command (scoring,
+export, sampling).
 
 A checkpoint file or a run directory (its newest loadable checkpoint); each way a file can fail to be one gives a
 ValueError or FileNotFoundError with one line that says which.
@@ -6,8 +7,9 @@ ValueError or FileNotFoundError with one line that says which.
 from pathlib import Path
 
 import torch
+from torch import nn
 
-from model import GPT, GPTConfig
+from model import build_model, model_config
 from training.checkpoint import (CHECKPOINT_NAME, CheckpointReadError, CorruptCheckpoint, UnreadableCheckpoints,
                                  checkpoint_dir, checkpoint_step, latest_checkpoint, load_checkpoint)
 from training.metrics import read_metrics
@@ -18,8 +20,8 @@ from training.metrics import read_metrics
 LIVE_RUN_READS = 5
 
 
-def load_model(checkpoint: Path, device: torch.device = torch.device("cpu")) -> tuple[GPT, Path]:
-    """The GPT of a train.py checkpoint file or run directory (its newest loadable one), on ``device`` in eval
+def load_model(checkpoint: Path, device: torch.device = torch.device("cpu")) -> tuple[nn.Module, Path]:
+    """The model of a train.py checkpoint file or run directory (its newest loadable one), on ``device`` in eval
     mode, and the checkpoint file it came from."""
     checkpoint = Path(checkpoint)
     if not checkpoint.exists():
@@ -49,7 +51,7 @@ def load_model(checkpoint: Path, device: torch.device = torch.device("cpu")) -> 
                              "of the file") from None
         except OSError as err:
             raise ValueError(f"could not read {checkpoint}: {_one_line(err)}") from None
-    return gpt_from_state(state, checkpoint).to(device), checkpoint
+    return model_from_state(state, checkpoint).to(device), checkpoint
 
 
 def newest_checkpoint(run_dir: Path, device: torch.device) -> tuple[Path, dict] | None:
@@ -79,21 +81,21 @@ def checkpoint_source(checkpoint: Path) -> dict:
     return {"checkpoint": str(checkpoint), "step": step, "run_dir": str(run_dir), "launches": launches}
 
 
-def gpt_from_state(state, checkpoint: Path) -> GPT:
-    """The GPT whose weights and model config a loaded train.py checkpoint holds."""
+def model_from_state(state, checkpoint: Path) -> nn.Module:
+    """The model (model.GPT or model.Llama) whose weights and model config a loaded train.py checkpoint holds."""
     if not (isinstance(state, dict) and isinstance(state.get("model"), dict)
             and isinstance(state.get("config"), dict) and isinstance(state["config"].get("model"), dict)):
         raise ValueError(f"{checkpoint} is not a checkpoint written by train.py: it lacks the model's weights "
                          "(\"model\") or its config (\"config\" with a \"model\" section)")
     try:
-        model = GPT(GPTConfig(**state["config"]["model"]))
+        model = build_model(model_config(state["config"]["model"]))
     except (TypeError, ValueError) as err:
-        raise ValueError(f"{checkpoint}: its model config does not make a model.GPTConfig ({_one_line(err)})") from None
+        raise ValueError(f"{checkpoint}: its model config does not make a model ({_one_line(err)})") from None
     try:
         # An averaging optimizer's run keeps the weights it evaluates at beside its training weights.
         model.load_state_dict(state.get("eval_model", state["model"]))
     except RuntimeError as err:
-        raise ValueError(f"{checkpoint}: its weights do not fit the GPT of its own config ({_one_line(err)})") from None
+        raise ValueError(f"{checkpoint}: its weights do not fit the model of its own config ({_one_line(err)})") from None
     return model.eval()
 
 

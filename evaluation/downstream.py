@@ -11,6 +11,7 @@ model (``hf/``), lm_eval's raw results (``results.json``) and a markdown table o
 (``table.md``). Every task's data is loaded before anything is written: without network (or its cache), the
 command stops with one line and ``--out`` as it was.
 """
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -82,6 +83,12 @@ def accuracy(task_results: dict) -> float | None:
 
 
 def model_size(model_config: dict) -> str:
+    """GPT-2's size of a ``model`` config section (``small``, the authors' rows' key), else its depth x width; a
+    LLaMA model's label (``llama-60m``): the authors have no rows for it."""
+    if model_config.get("arch", "gpt2") != "gpt2":
+        from reporting.run_labels import model_label  # with torch (the registry): not for GPT-2's readers
+
+        return model_label(model_config)
     return MODEL_SIZES.get((model_config["n_layer"], model_config["n_embd"]),
                            f"{model_config['n_layer']}x{model_config['n_embd']}")
 
@@ -132,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     # torch and transformers take seconds to import: not for the readers of model_size and markdown_table
     from evaluation.checkpoints import checkpoint_source, load_model
     from evaluation.export_hf import save_hf
+    from model import arch_of
+    from reporting.run_labels import display_model
 
     try:
         model, checkpoint = load_model(args.checkpoint)
@@ -141,9 +150,8 @@ def main(argv: list[str] | None = None) -> None:
         hf_dir = save_hf(model, out / "hf", checkpoint_source(checkpoint), overwrite=True)
         evaluation = evaluate(hf_dir, tasks, task_manager, batch_size=args.batch_size, device=str(args.device),
                               dtype=args.dtype, limit=limit, num_fewshot=args.num_fewshot)
-        model_config = json.loads((hf_dir / "config.json").read_text())
-        size = model_size({"n_layer": model_config["n_layer"], "n_embd": model_config["n_embd"]})
-        table = markdown_table(evaluation["results"], tasks, f"GPT-2 {size}, {args.checkpoint}", size)
+        size = model_size({"arch": arch_of(model.config), **dataclasses.asdict(model.config)})
+        table = markdown_table(evaluation["results"], tasks, f"{display_model(size)}, {args.checkpoint}", size)
         note = (f"\nAccuracy in %: acc_norm where lm_eval reports it, else acc. lm_eval "
                 f"{evaluation.get('lm_eval_version', '')}, limit {limit}, few-shot "
                 f"{args.num_fewshot if args.num_fewshot is not None else 'task default'}, {args.dtype} on "

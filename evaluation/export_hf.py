@@ -1,4 +1,5 @@
-"""Export a train.py checkpoint as a Hugging Face ``transformers`` GPT-2, tokenizer included, without a network.
+"""Export a train.py checkpoint as a Hugging Face ``transformers`` GPT-2 or LLaMA, tokenizer included, without a
+network.
 
     python -m evaluation.export_hf --checkpoint outputs/my-run --out hf/my-run   # hf/: ignored by git
 
@@ -35,6 +36,19 @@ How each option of ``model.GPTConfig`` maps (transformers' ``models/gpt2/modelin
   every id but the target), yet sampling could in principle pick one; the tokenizer decodes such an id to nothing.
 - ``bos_token_id`` and ``eos_token_id`` are GPT-2's ``<|endoftext|>``, 50256; nothing is prepended to a text.
 
+A LLaMA-style model (``model.Llama``) is exported as a ``LlamaForCausalLM`` (transformers'
+``models/llama/modeling_llama.py``), which computes its logits to float32 rounding (tested on random weights, tied
+and untied, and on a checkpoint written by train.py):
+
+- Weights keep their names, under ``model.`` but for ``lm_head``: ours are transformers' (``model/llama.py``), and
+  both store ``nn.Linear`` weights. ``tie_embeddings`` -> ``tie_word_embeddings``.
+- ``n_embd``, ``intermediate_size``, ``n_layer``, ``n_head`` -> ``hidden_size``, ``intermediate_size``,
+  ``num_hidden_layers``, ``num_attention_heads`` (and as many key-value heads: no grouped-query attention);
+  ``rms_norm_eps`` as is; ``rope_theta`` -> ``rope_parameters`` of the default (unscaled) rotary type, whose
+  rotation of the two halves of each head is ours; ``block_size`` -> ``max_position_embeddings``.
+- SiLU gating (``hidden_act="silu"``), no biases (``attention_bias``, ``mlp_bias`` false), attention at
+  1/sqrt(head_dim), no dropout: as ours. ``bos_token_id``, ``eos_token_id``: GPT-2's, as for GPT-2 below.
+
 The tokenizer is GPT-2's byte-level BPE, built from the rank file that ships with ``data/`` (``data/tokenizer.py``):
 the vocabulary is the ranks, and the merge that makes each token is the last step of tiktoken's own merging of
 its bytes over the lower ranks, which yields GPT-2's 50,000 merges in their order; ``<|endoftext|>`` is a special
@@ -51,13 +65,14 @@ from pathlib import Path
 
 import torch
 from tiktoken.load import load_tiktoken_bpe
-from transformers import GPT2Config, GPT2LMHeadModel, GPT2Tokenizer
+from transformers import GPT2Config, GPT2LMHeadModel, GPT2Tokenizer, LlamaForCausalLM
+from transformers import LlamaConfig as HFLlamaConfig
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.utils.logging import disable_progress_bar
 
 from data.tokenizer import GPT2_EOT_TOKEN, GPT2_RANKS_FILE
 from evaluation.checkpoints import checkpoint_source, load_model
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, Llama, LlamaConfig
 from reporting import arguments
 from training.atomic import atomic_directory
 
@@ -95,8 +110,43 @@ def hf_config(config: GPTConfig) -> GPT2Config:
     )
 
 
-def hf_model(model: GPT) -> GPT2LMHeadModel:
-    """A ``GPT2LMHeadModel`` with ``model``'s weights (Conv1D ones transposed, absent biases as zeros), in eval mode."""
+def hf_llama_config(config: LlamaConfig) -> HFLlamaConfig:
+    """The ``LlamaConfig`` of transformers of our ``model.LlamaConfig``: the same network (see the module docstring)."""
+    return HFLlamaConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.n_embd,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.n_layer,
+        num_attention_heads=config.n_head,
+        num_key_value_heads=config.n_head,
+        hidden_act="silu",
+        max_position_embeddings=config.block_size,
+        rms_norm_eps=config.rms_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        attention_bias=False,
+        mlp_bias=False,
+        attention_dropout=0.0,
+        tie_word_embeddings=config.tie_embeddings,
+        bos_token_id=GPT2_EOT_TOKEN,
+        eos_token_id=GPT2_EOT_TOKEN,
+    )
+
+
+def hf_llama_model(model: Llama) -> LlamaForCausalLM:
+    """A ``LlamaForCausalLM`` with ``model``'s weights, in eval mode."""
+    exported = LlamaForCausalLM(hf_llama_config(model.config))
+    exported.load_state_dict({name if name.startswith("lm_head.") else f"model.{name}": tensor
+                              for name, tensor in model.state_dict().items()}, strict=True)
+    if model.config.tie_embeddings:
+        exported.tie_weights()
+    return exported.eval()
+
+
+def hf_model(model: GPT | Llama) -> GPT2LMHeadModel | LlamaForCausalLM:
+    """A ``GPT2LMHeadModel`` with ``model``'s weights (Conv1D ones transposed, absent biases as zeros), in eval mode;
+    a ``LlamaForCausalLM`` of a ``model.Llama``."""
+    if isinstance(model, Llama):
+        return hf_llama_model(model)
     config = hf_config(model.config)
     exported = GPT2LMHeadModel(config)
     weights = {name: tensor.t() if name.endswith(CONV1D_WEIGHTS) else tensor
@@ -150,7 +200,7 @@ def gpt2_tokenizer(model_max_length: int) -> GPT2Tokenizer:
     return tokenizer
 
 
-def save_hf(model: GPT, out: Path, source: dict | None = None, overwrite: bool = False) -> Path:
+def save_hf(model: GPT | Llama, out: Path, source: dict | None = None, overwrite: bool = False) -> Path:
     """Write ``model`` and GPT-2's tokenizer to the directory ``out`` (created if needed) in Hugging Face format,
     and ``source`` (:func:`evaluation.checkpoints.checkpoint_source`) as ``SOURCE_FILE`` beside them. A directory
     that holds anything is refused unless ``overwrite``: its files would be replaced or mixed with the export's.

@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from model.flops import training_flops_per_token
 from model.loss import linear_cross_entropy
 
 ACTIVATIONS = {"gelu": "none", "gelu_tanh": "tanh"}  # name -> nn.GELU's `approximate`
@@ -53,9 +54,7 @@ class GPTConfig:
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token (forward + backward), PaLM appendix B: 6N + 12 L H Q T."""
-        seq_len = seq_len or self.block_size
-        head_dim = self.n_embd // self.n_head
-        return 6 * self.num_params() + 12 * self.n_layer * self.n_head * head_dim * seq_len
+        return training_flops_per_token(self.num_params(), self.n_layer, self.n_embd, seq_len or self.block_size)
 
 
 class LayerNorm(nn.Module):

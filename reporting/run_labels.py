@@ -13,19 +13,23 @@ import os
 from collections.abc import Collection
 from pathlib import Path
 
-from configs.models import GPT2_SHAPES
+from configs.models import GPT2_SHAPES, LLAMA_SHAPES
 from configs.registry import OPTIMIZERS
 from data.corpora import CUSTOM, EMBEDDED
 
 MODEL_SIZES = {shape: size for size, shape in GPT2_SHAPES.items()}
-SIZE_ORDER = tuple(GPT2_SHAPES)
+LLAMA_SIZES = {shape: f"llama-{size}" for size, shape in LLAMA_SHAPES.items()}
+SIZE_ORDER = (*GPT2_SHAPES, *LLAMA_SIZES.values())
 CORPUS_NAMES = {"openwebtext": "OpenWebText", "fineweb-edu": "FineWeb-Edu", "embedded": "Shakespeare (embedded)"}
 # Each optimizer label's display name, in the tables' order.
 OPTIMIZER_NAMES = {label: name for entry in OPTIMIZERS.values() for label, name in entry.labels.items()}
 
 
 def model_label(model_cfg) -> str:
+    """``small`` (GPT-2's sizes), ``llama-60m``; another shape by its depth and width (``llama-`` for LLaMA's)."""
     shape = (model_cfg["n_layer"], model_cfg["n_head"], model_cfg["n_embd"])
+    if model_cfg.get("arch", "gpt2") == "llama":
+        return LLAMA_SIZES.get((*shape, model_cfg["intermediate_size"]), f"llama-{shape[0]}x{shape[2]}")
     return MODEL_SIZES.get(shape, f"{shape[0]}x{shape[2]}")
 
 
@@ -156,7 +160,9 @@ def display_corpus(corpus: str) -> str:
 
 
 def display_model(model: str) -> str:
-    return f"GPT-2 {model}" if model in SIZE_ORDER else model
+    if model in LLAMA_SIZES.values():
+        return f"LLaMA {model.removeprefix('llama-')}"
+    return f"GPT-2 {model}" if model in GPT2_SHAPES else model
 
 
 def display_optimizer(optimizer: str) -> str:

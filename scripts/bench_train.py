@@ -30,7 +30,7 @@ from configs.compose import CONFIG_DIR, compose_config
 from configs.registry import OPTIMIZERS as REGISTRY
 from configs.schema import COMPILE_MODES, Precision
 from data.loader import build_batches
-from model import GPT, GPTConfig
+from model import build_model, model_config as model_config_of
 from reporting import arguments
 from reporting.bench_report import run_record, write_report
 from training.optimizers import build_optimizer
@@ -112,8 +112,8 @@ def bench_optimizer(optimizer_label: str, loss_chunk_size: int, args, device: to
     ns_dtype = [f"optimizer.ns_dtype={args.ns_dtype}"] if orthogonalises(optimizer_label) else []
     cfg = compose_config([f"model={args.model}", *benched_configs()[optimizer_label], *ns_dtype, *args.override])
     torch.manual_seed(0)
-    model_config = GPTConfig(**OmegaConf.to_container(cfg.model))
-    model = GPT(model_config).to(device)
+    model_config = model_config_of(OmegaConf.to_container(cfg.model))
+    model = build_model(model_config).to(device)
     model.loss_chunk_size = loss_chunk_size  # as train.py sets train.loss_chunk_size
     optimizer = build_optimizer(cfg.optimizer, model)
     train_model = torch.compile(model, mode=compile_mode) if args.compile else model  # as train.compile_mode

@@ -220,3 +220,23 @@ def test_a_compiled_run_follows_the_eager_run(tmp_path):
     for key in ("train/loss", "val/loss", "grad_norm"):  # fused kernels round differently: not bit for bit
         expected = [r[key] for r in eager if key in r]
         assert expected and [r[key] for r in compiled if key in r] == pytest.approx(expected, rel=1e-5), key
+
+
+# llama-tiny in miniature: the LLaMA-on-C4 comparison of AdamW, MARS-approx and Muon, on the embedded corpus.
+LLAMA_MINIATURE = ["model=llama-tiny", "model.n_layer=2", "model.n_embd=64", "model.intermediate_size=176",
+                   *SMALL[3:], "train.max_iters=20", "train.eval_interval=20"]
+
+
+@pytest.mark.slow
+def test_the_llama_miniature_sweep_of_adamw_mars_and_muon_learns_and_tabulates_by_optimizer(tmp_path):
+    sweep = tmp_path / "sweep"
+    result = warm_python.run([sys.executable, "train.py", "-m", *LLAMA_MINIATURE, "optimizer=adamw,mars-adamw,muon",
+                              f"hydra.sweep.dir={sweep}"], cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stderr
+    for point in sorted(sweep.glob("[0-9]_*")):
+        val = [r["val/loss"] for r in metrics(point) if "val/loss" in r]
+        assert val[-1] < val[0] - 0.3, (point.name, val)
+    table = warm_python.run([sys.executable, "-m", "scripts.make_table", str(sweep)], cwd=REPO, timeout=300)
+    assert table.returncode == 0, table.stderr
+    rows = [line for line in (sweep / "val_loss_table.md").read_text().splitlines() if "| llama-2x64 |" in line]
+    assert sorted(row.split(" | ")[3] for row in rows) == ["AdamW", "MARS-approx", "Muon"]

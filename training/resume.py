@@ -35,6 +35,11 @@ COMMON_STATE_KEYS = {
     "model.bias": "the model's parameters",
     "model.activation": "what the trained weights compute",
     "model.scale_attn_by_inverse_layer_idx": "what the trained weights compute",
+    "model.arch": "the model and its parameters",
+    "model.intermediate_size": "the model's shape",
+    "model.tie_embeddings": "the model's parameters",
+    "model.rms_norm_eps": "what the trained weights compute",
+    "model.rope_theta": "what the trained weights compute",
     "optimizer.name": "the optimizer and its state",
     "optimizer.decay_embeddings": "the optimizer's parameter groups",
 }

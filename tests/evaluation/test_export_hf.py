@@ -17,7 +17,8 @@ from tiktoken.load import load_tiktoken_bpe
 
 from data.embedded import clean_play, play_files
 from data.tokenizer import GPT2_EOT_TOKEN, GPT2_RANKS_FILE, gpt2_encoding
-from model import GPT, GPTConfig
+from evaluation.checkpoints import model_from_state
+from model import GPT, GPTConfig, Llama, LlamaConfig, build_model, model_config
 from model.gpt import ACTIVATIONS
 from training.checkpoint import load_checkpoint
 from training.metrics import read_metrics
@@ -204,7 +205,7 @@ def test_cli_exports_a_run_directorys_newest_checkpoint(exported_run):
 def test_exported_run_scores_real_text_as_the_checkpoint_does(exported_run):
     run_dir, out, printed = exported_run
     state = load_checkpoint(Path(printed["checkpoint"]), torch.device("cpu"))
-    model = GPT(GPTConfig(**state["config"]["model"]))
+    model = build_model(model_config(state["config"]["model"]))
     model.load_state_dict(state["model"])
     model.eval()
     text = clean_play(next(path for path in play_files() if path.stem == "hamlet").read_text(encoding="utf-8"))
@@ -292,7 +293,7 @@ def test_export_says_what_is_wrong_with_a_checkpoint(tmp_path):
     mismatched = tmp_path / "mismatched.pt"
     torch.save({"model": model.state_dict(), "config": {"model": {"n_layer": 2, "n_head": 1, "n_embd": 8,
                                                                   "block_size": 4, "vocab_size": 16}}}, mismatched)
-    with pytest.raises(ValueError, match="its weights do not fit the GPT of its own config"):
+    with pytest.raises(ValueError, match="its weights do not fit the model of its own config"):
         export_hf().export(mismatched, tmp_path / "hf")
     out_file = tmp_path / "out.txt"
     out_file.write_text("")
@@ -339,3 +340,54 @@ def test_ctrl_c_during_the_export_is_one_line_and_leaves_no_part_of_it(tmp_path)
     assert stderr.strip().splitlines() == [f"error: interrupted: nothing was written to {exports / 'hf'} (an export "
                                            "appears whole or not at all); run the command again to export"]
     assert list(exports.iterdir()) == []
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_an_exported_llama_is_a_llama_for_causal_lm_that_computes_our_logits(tie, tmp_path):
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(n_layer=2, n_head=2, n_embd=32, intermediate_size=40, block_size=32,
+                              vocab_size=50304, rope_theta=500.0, tie_embeddings=tie)).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():  # norm weights away from one, so a misplaced one shows
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    directory = export_hf().save_hf(model, tmp_path / "hf")
+    exported = hf_causal_lm(directory)
+    assert type(exported).__name__ == "LlamaForCausalLM"
+    assert (exported.lm_head.weight.data_ptr() == exported.model.embed_tokens.weight.data_ptr()) == tie
+    tokens = torch.randint(0, 50304, (2, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, _ = model(tokens)
+        theirs = exported(tokens).logits
+    torch.testing.assert_close(theirs, ours)
+
+
+@pytest.fixture(scope="module")
+def exported_llama_run(tmp_path_factory):
+    """A 4-step train.py run of llama-tiny in miniature, exported by the command line."""
+    run_dir = tmp_path_factory.mktemp("llama_run")
+    warm_python.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", "model=llama-tiny", "model.n_layer=2",
+                     "model.n_embd=32", "model.intermediate_size=64", "train.batch_size=2", "train.block_size=32",
+                     "train.max_iters=4", "train.eval_interval=4", "train.eval_iters=1", "train.checkpoint_interval=4",
+                     "train.device=cpu", "train.warmup_iters=1"],
+                    cwd=REPO, env=offline_env(), check=True, timeout=300)
+    out = tmp_path_factory.mktemp("llama_exported") / "hf"
+    result = run_cli("--checkpoint", str(run_dir), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    return run_dir, out, json.loads(result.stdout)
+
+
+@pytest.mark.slow
+def test_an_exported_llama_run_scores_real_text_as_the_checkpoint_does(exported_llama_run):
+    _, out, printed = exported_llama_run
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    model = model_from_state(load_checkpoint(Path(printed["checkpoint"]), torch.device("cpu")), out)
+    assert type(model) is Llama
+    text = clean_play(next(path for path in play_files() if path.stem == "hamlet").read_text(encoding="utf-8"))
+    tokens = transformers().AutoTokenizer.from_pretrained(out)(text[:4000])["input_ids"][: model.config.block_size]
+    assert tokens == gpt2_encoding().encode_ordinary(text[:4000])[: model.config.block_size]
+    tokens = torch.tensor([tokens])
+    with torch.no_grad():
+        ours, our_loss = model(tokens[:, :-1], tokens[:, 1:])
+        theirs = hf_causal_lm(out)(tokens, labels=tokens)
+    torch.testing.assert_close(theirs.logits[:, :-1], ours)
+    torch.testing.assert_close(theirs.loss, our_loss)

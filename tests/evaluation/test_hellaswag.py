@@ -11,7 +11,8 @@ from torch import nn
 from data.tokenizer import gpt2_encoding
 from evaluation.hellaswag import evaluate_hellaswag, main
 from training.hellaswag import Item, load_items, pad_candidates, render, score_items
-from model import GPT, GPTConfig
+from model import ARCHITECTURES
+from tests.tiny_models import tiny_model
 from training.checkpoint import save_checkpoint
 
 SAMPLE = Path(__file__).parent / "hellaswag_sample.jsonl"
@@ -36,9 +37,8 @@ def tokens_of(text: str) -> list[int]:
     return gpt2_encoding().encode_ordinary(text)
 
 
-def tiny_gpt(block_size: int = 64) -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=block_size)).eval()
+def tiny_gpt(block_size: int = 64, arch: str = "gpt2") -> torch.nn.Module:
+    return tiny_model(arch, n_embd=32, block_size=block_size, vocab_size=50304).eval()
 
 
 def test_items_load_from_the_official_jsonl_format():
@@ -80,8 +80,9 @@ def test_rows_longer_than_the_context_window_drop_their_oldest_context_tokens():
         pad_candidates([(list(range(10)), 2)], max_length=8)
 
 
-def test_scores_are_the_log_probabilities_of_the_ending_tokens_given_what_precedes_them():
-    model = tiny_gpt()
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_scores_are_the_log_probabilities_of_the_ending_tokens_given_what_precedes_them(arch):
+    model = tiny_gpt(arch=arch)
     item = load_items(SAMPLE)[1]
     sums, means = score_items(model, [item], "cpu", batch_size=1)
     for k, (tokens, context_length) in enumerate(render(item)):
@@ -93,8 +94,9 @@ def test_scores_are_the_log_probabilities_of_the_ending_tokens_given_what_preced
         assert means[0, k].item() == pytest.approx(expected / (len(tokens) - context_length), abs=1e-4)
 
 
-def test_batching_and_padding_leave_the_scores_unchanged():
-    model, items = tiny_gpt(), load_items(SAMPLE)
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_batching_and_padding_leave_the_scores_unchanged(arch):
+    model, items = tiny_gpt(arch=arch), load_items(SAMPLE)
     one_by_one = score_items(model, items, "cpu", batch_size=1)
     all_at_once = score_items(model, items, "cpu", batch_size=3)
     for single, batched in zip(one_by_one, all_at_once):

@@ -8,26 +8,27 @@ import torch
 
 from data.tokenizer import GPT2_VOCAB_SIZE
 from evaluation.sample import generate, main
-from model import GPT, GPTConfig
-from tests import warm_python
+from model import ARCHITECTURES
+from tests import tiny_models, warm_python
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def tiny_model(vocab_size=50304, block_size=16):
-    torch.manual_seed(0)
-    return GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=block_size, vocab_size=vocab_size)).eval()
+def tiny_model(vocab_size=50304, block_size=16, arch="gpt2"):
+    return tiny_models.tiny_model(arch, block_size=block_size, vocab_size=vocab_size).eval()
 
 
-def test_the_same_seed_gives_the_same_tokens_and_another_seed_other_ones():
-    model, idx = tiny_model(), torch.tensor([[464, 3290]])
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_the_same_seed_gives_the_same_tokens_and_another_seed_other_ones(arch):
+    model, idx = tiny_model(arch=arch), torch.tensor([[464, 3290]])
     draw = lambda seed: generate(model, idx, 12, temperature=1.0, generator=torch.Generator().manual_seed(seed))
     assert torch.equal(draw(1), draw(1))
     assert not torch.equal(draw(1), draw(2))
 
 
-def test_temperature_zero_and_top_k_one_take_the_most_likely_token_each_step():
-    model, idx = tiny_model(), torch.tensor([[464, 3290, 318]])
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_temperature_zero_and_top_k_one_take_the_most_likely_token_each_step(arch):
+    model, idx = tiny_model(arch=arch), torch.tensor([[464, 3290, 318]])
     expected = idx
     for _ in range(6):
         logits, _ = model(expected)

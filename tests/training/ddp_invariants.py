@@ -1,5 +1,5 @@
 """Run as the ranks of one job (torchrun, or the tests' warm_python.run_ranks): every optimizer config, trained under
-DDP, unsharded and under ZeRO-1, agrees across ranks and with one process.
+DDP, unsharded and under ZeRO-1, agrees across ranks and with one process, on a model of every architecture.
 
 Each rank trains on its own batches; DDP averages the gradients. For every config of configs/optimizer/ (or those
 named on the command line), built as train.py builds it (``training.optimizers.build_optimizer``):
@@ -7,7 +7,7 @@ named on the command line), built as train.py builds it (``training.optimizers.b
   Newton-Schulz of Muon, MARS-Shampoo, MARS-M and Moonlight shared out across the ranks) leaves every rank with
   exactly the same parameters, and the same as a single-process optimizer stepping a copy on the same gradients;
 - ZeRO-1 (``train.zero1=true``) steps to the same parameters, and its gathered state has every tensor's.
-Prints ``checked <config>`` for each config on rank 0, each failed check on stderr, and exits 1 if any fails.
+Prints ``checked <config> on <arch>`` for each config and architecture (model.ARCHITECTURES) on rank 0, each failed check on stderr, and exits 1 if any fails.
 
 The process group is set up and shut down as train.py does (training.distributed.distributed_session): the
 model, DDP and the optimizers live only in ``failed_checks``, so they are gone when the group is destroyed,
@@ -22,7 +22,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from configs.compose import CONFIG_DIR, compose_config
-from model import GPT, GPTConfig
+from model import ARCHITECTURES
+from tests.tiny_models import tiny_model
 from training.distributed import distributed_session
 from training.optimizers import build_optimizer, import_zero_before_the_process_group
 
@@ -44,12 +45,11 @@ def step(optimizer) -> None:
     optimizer.step()
 
 
-def failed_checks(name: str) -> list[str]:
+def failed_checks(name: str, arch: str) -> list[str]:
     rank = dist.get_rank()
     cfg = optimizer_config(name)
-    torch.manual_seed(0)
     # Two layers: Newton-Schulz then has several matrices of each shape to batch and share out.
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=64))
+    model = tiny_model(arch, n_layer=2)
     single, sharded = copy.deepcopy(model), copy.deepcopy(model)
     ddp_model = DistributedDataParallel(model)
     optimizer = build_optimizer(cfg, model)
@@ -96,9 +96,10 @@ def main() -> int:
     with distributed_session(torch.device("cpu")) as ctx:  # each config in turn
         failures = []
         for name in names:
-            failures += [f"{name}: {failure}" for failure in failed_checks(name)]
-            if ctx.rank == 0:
-                print(f"checked {name}", flush=True)
+            for arch in ARCHITECTURES:
+                failures += [f"{name} on {arch}: {failure}" for failure in failed_checks(name, arch)]
+                if ctx.rank == 0:
+                    print(f"checked {name} on {arch}", flush=True)
     for failure in failures:
         print(f"rank {ctx.rank}: {failure}", file=sys.stderr)
     return 1 if failures else 0

@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from data.loader import build_batches
-from evaluation.checkpoints import gpt_from_state
+from evaluation.checkpoints import model_from_state
 from training.distributed import DistributedContext
 from training.metrics import read_metrics
 from training.runtime import autocast_context
@@ -34,9 +34,9 @@ def run(tmp_path, name, *launcher):
 
 
 def val_loss_of(state, run_dir):
-    """The validation loss train.py computes, of the weights ``gpt_from_state`` reads from a checkpoint."""
+    """The validation loss train.py computes, of the weights ``model_from_state`` reads from a checkpoint."""
     cfg = OmegaConf.create(state["config"])
-    model = gpt_from_state(state, run_dir / "checkpoints" / "ckpt_00000006.pt")
+    model = model_from_state(state, run_dir / "checkpoints" / "ckpt_00000006.pt")
     val = build_batches(cfg.data, "val", batch_size=4, block_size=32, grad_accum_steps=1, seed=0, rank=0,
                         world_size=1, device=torch.device("cpu"), vocab_size=cfg.model.vocab_size)
     return estimate_val_loss(model, val, 2, autocast_context(torch.device("cpu"), torch.float32),

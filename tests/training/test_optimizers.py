@@ -7,7 +7,8 @@ from hydra import compose, initialize_config_dir
 from configs.compose import register_configs
 from configs.registry import newton_schulz_dtype, param_groups
 from mars.traits import trait
-from model import GPT, GPTConfig
+from model import ARCHITECTURES
+from tests import tiny_models
 from training.optimizers import build_optimizer, optimizer_class_and_arguments
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
@@ -15,9 +16,9 @@ OPTIMIZERS = sorted(p.stem for p in Path(CONFIG_DIR, "optimizer").glob("*.yaml")
 register_configs()
 
 
-def tiny_model():
-    torch.manual_seed(0)
-    return GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=64, bias=True))
+def tiny_model(arch: str = "gpt2"):
+    """A one-block model of ``arch``: GPT-2's with biases, so that every kind of tensor shows."""
+    return tiny_models.tiny_model(arch, **({"bias": True} if arch == "gpt2" else {}))
 
 
 def test_nanogpt_grouping_decays_matrices_only():
@@ -36,11 +37,12 @@ def test_authors_grouping_keeps_embeddings_out_of_weight_decay():
     assert not embeddings & {id(p) for p in decay["params"]}
 
 
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 @pytest.mark.parametrize("name", OPTIMIZERS)
-def test_every_optimizer_config_builds_and_takes_a_step(name):
+def test_every_optimizer_config_builds_and_takes_a_step_on_every_model(name, arch):
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name="config", overrides=[f"optimizer={name}"])
-    model = tiny_model()
+    model = tiny_model(arch)
     optimizer = build_optimizer(cfg.optimizer, model)
     # The registry's class: one of mars's (exported or not) or of torch.optim.
     expected, _ = optimizer_class_and_arguments(cfg.optimizer)
@@ -179,3 +181,42 @@ def test_the_memory_efficient_mars_m_has_no_exact_scheme():
                                                        "optimizer.is_approx=false"])
     with pytest.raises(ValueError, match="memory_efficient=true has the approximate scheme only"):
         build_optimizer(cfg.optimizer, tiny_model())
+
+
+LLAMA_MATRICES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                  "mlp.up_proj", "mlp.down_proj")
+
+
+@pytest.mark.parametrize("name, embeddings_too", [("muon", True), ("mars-m", False), ("moonlight", False)])
+def test_on_llama_the_orthogonalising_rules_take_the_attention_and_swiglu_matrices_and_adamw_the_norms(
+        name, embeddings_too):
+    """Muon orthogonalises every 2-D tensor as the MARS authors' Muon does on GPT-2 (its tied embedding too); MARS-M
+    and Moonlight keep the embedding and the head out (``embed_tokens``, ``lm_head``: MARS_M/train_mars_m.py)."""
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=[f"optimizer={name}"])
+    model = tiny_model("llama")
+    optimizer = build_optimizer(cfg.optimizer, model)
+    named = {id(p): n for n, p in model.named_parameters()}
+    rules = {named[id(p)]: optimizer._rule(p, group) for group in optimizer.param_groups for p in group["params"]}
+    embeddings = {"embed_tokens.weight", "lm_head.weight"}
+    matrices = {n for n in named.values() if n.removesuffix(".weight").split(".", 2)[-1] in LLAMA_MATRICES}
+    assert len(matrices) == 7 and {n for n, rule in rules.items() if rule == "matrices"} == (
+        matrices | embeddings if embeddings_too else matrices)
+    assert {n for n, rule in rules.items() if rule == "others"} >= {"norm.weight", "layers.0.input_layernorm.weight",
+                                                                      "layers.0.post_attention_layernorm.weight"}
+
+
+@pytest.mark.parametrize("optimize_1d", [False, True])
+def test_on_llama_mars_takes_its_rule_on_the_matrices_and_the_norms_only_with_optimize_1d(optimize_1d):
+    from mars.reference import uses_mars_rule
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=["optimizer=mars-adamw", f"optimizer.optimize_1d={optimize_1d}"])
+    model = tiny_model("llama")
+    optimizer = build_optimizer(cfg.optimizer, model)
+    named = {id(p): n for n, p in model.named_parameters()}
+    mars_rule = {named[id(p)] for group in optimizer.param_groups for p in group["params"]
+                 if uses_mars_rule(p, group["optimize_1d"])}
+    norms = {n for n in named.values() if n.endswith("norm.weight")}
+    assert len(norms) == 3 and bool(norms & mars_rule) == optimize_1d
+    assert {n for n, p in model.named_parameters() if p.dim() == 2} <= mars_rule

@@ -361,3 +361,18 @@ def test_a_checkpoint_without_the_authors_draws_is_not_resumed_under_them(tmp_pa
     result = warm_python.run(command(resumed, "train.resume=true", *AUTHORS_DRAWS), cwd=REPO, timeout=600)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "it was written under data.draws=keyed" in result.stderr and "Resume with data.draws=keyed" in result.stderr
+
+
+# llama-tiny in miniature; no dropout (the LLaMA model has none: SMALL's is undone).
+LLAMA = ["model=llama-tiny", "model.n_layer=1", "model.n_embd=32", "model.intermediate_size=64", "model.dropout=0.0"]
+
+
+@pytest.mark.slow
+def test_a_llama_run_checkpoints_and_its_resume_logs_the_uninterrupted_runs_losses(tmp_path):
+    uninterrupted_dir = tmp_path / "uninterrupted"
+    uninterrupted = complete_run(uninterrupted_dir, *LLAMA, "train.keep_checkpoints=4")
+    resumed = interrupted_copy(uninterrupted_dir, tmp_path, "resumed")  # as if killed after step 8
+    (resumed / "metrics.jsonl").write_text("".join(
+        json.dumps(r) + "\n" for r in uninterrupted if r["step"] <= 8 and not LAUNCH_KEYS & r.keys()))
+    assert losses(complete_run(resumed, *LLAMA, "train.resume=true")) == losses(uninterrupted)
+    assert load_run(resumed).model == "llama-1x32"

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from configs.compose import register_configs
 from configs.registry import param_groups
-from model import GPT, GPTConfig
+from model import build_model, model_config
 from training.distributed import DistributedContext
 from training.optimizers import build_optimizer
 from training.resume import resume_from
@@ -41,7 +41,7 @@ def config(weight_decay):
 
 def counting_adamw(cfg):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**OmegaConf.to_container(cfg.model)))
+    model = build_model(model_config(OmegaConf.to_container(cfg.model)))
     groups = param_groups(model, cfg.optimizer.weight_decay, cfg.optimizer.decay_embeddings)
     return model, CountingAdamW(groups, lr=cfg.optimizer.lr, betas=tuple(cfg.optimizer.betas))
 
@@ -74,7 +74,7 @@ def test_a_resume_that_changes_lr_1d_steps_at_the_configured_ratio_not_the_check
                                                            "model.n_layer=1", "model.n_head=2", "model.n_embd=16",
                                                            "model.vocab_size=64", "model.block_size=8"])
         torch.manual_seed(0)
-        model = GPT(GPTConfig(**OmegaConf.to_container(cfg.model)))
+        model = build_model(model_config(OmegaConf.to_container(cfg.model)))
         return cfg, model, build_optimizer(cfg.optimizer, model)
 
     saved_cfg, model, optimizer = mars(3e-3)

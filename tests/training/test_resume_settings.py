@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from configs.compose import register_configs
 from configs.registry import OPTIMIZERS as REGISTRY
 from configs.schema import LrSchedule, ModelConfig
-from model import GPT, GPTConfig
+from model import build_model, model_config
 from training import resume
 from training.checkpoint import CheckpointReadError, save_checkpoint
 from training.distributed import DistributedContext
@@ -39,7 +39,7 @@ def trained_checkpoint(cfg, steps=3, keep_optimizer=False):
     """A checkpoint as train.py writes it, after ``steps`` scheduled steps of ``cfg`` (``keep_optimizer``: the
     optimizer then)."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**OmegaConf.to_container(cfg.model)))
+    model = build_model(model_config(OmegaConf.to_container(cfg.model)))
     optimizer = build_optimizer(cfg.optimizer, model)
     start_training(optimizer)
     for step in range(steps):
@@ -57,7 +57,7 @@ def trained_checkpoint(cfg, steps=3, keep_optimizer=False):
 
 
 def resumed(cfg, checkpoint):
-    model = GPT(GPTConfig(**OmegaConf.to_container(cfg.model)))
+    model = build_model(model_config(OmegaConf.to_container(cfg.model)))
     optimizer = build_optimizer(cfg.optimizer, model)
     start_training(optimizer)
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
@@ -93,7 +93,7 @@ def test_resumed_optimizer_runs_at_the_configured_lr_not_the_checkpoints(chosen)
     lr = apply_schedule(optimizer, 3, SCHEDULE, cfg.optimizer)
     assert lr == learning_rate(3, peak_lr=1e-2, **SCHEDULE)
     # Every group moves with the configured schedule (groups with a lr of their own keep their ratio to it).
-    fresh = build_optimizer(cfg.optimizer, GPT(GPTConfig(**OmegaConf.to_container(cfg.model))))
+    fresh = build_optimizer(cfg.optimizer, build_model(model_config(OmegaConf.to_container(cfg.model))))
     apply_schedule(fresh, 3, SCHEDULE, cfg.optimizer)
     assert hyperparameters(optimizer) == hyperparameters(fresh)
 
@@ -109,7 +109,7 @@ def test_changed_hyperparameters_replace_the_checkpoints_and_the_state_is_kept(n
     cfg = composed(f"optimizer={name}", *overrides)
     optimizer, changes = resumed(cfg, checkpoint)
     assert set(changes) == {override.split("=")[0] for override in overrides}
-    fresh = build_optimizer(cfg.optimizer, GPT(GPTConfig(**OmegaConf.to_container(cfg.model))))
+    fresh = build_optimizer(cfg.optimizer, build_model(model_config(OmegaConf.to_container(cfg.model))))
     assert hyperparameters(optimizer) == hyperparameters(fresh)
     saved_state = checkpoint["optimizer"]["state"]
     loaded_state = optimizer.state_dict()["state"]
