@@ -50,6 +50,9 @@ class EvalSampling(str, Enum):
     # (data.draws=authors: theirs), so the best of many evaluations is the minimum of independent noisy estimates,
     # which we assume the paper's table reports (docs/paper.md)
     fresh = "fresh"
+    # Every row of the validation split once, the loss the mean over every scored target token (a corpus of rows,
+    # C4: GaLore's evaluation, torchrun_main.py:84-126); its perplexity, exp of that loss, is val/perplexity
+    whole = "whole"
 
 
 class FinishedCheckpoints(str, Enum):
