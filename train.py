@@ -46,7 +46,7 @@ from training.schedule import apply_schedule, warn_about_schedule_shortfalls
 from training.summary import Progress, closing_summary, opening_lines, tell_closing_summary
 from training.sweep import (clear_failure, divergence_advice, failures_recorded, in_sweep, on_every_rank_alike,
                             resume_command, stop_alike_on_bad_token_ids, sweep_report)
-from training.validation import hellaswag_accuracy, validation_losses
+from training.validation import evaluation_record, hellaswag_accuracy, validation_losses
 
 log = logging.getLogger("train")
 VAL_SEED = 0  # every run of a setting, whatever its seed, is evaluated on the same windows (training/validation.py)
@@ -101,7 +101,8 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
     metrics = MetricsLogger(run_dir, cfg.wandb, config_dict, cfg.wandb.run_name or default_run_name(cfg),
                             resumed.wandb_run_id, enabled=ctx.is_main)
     metrics.discard_after(start_step if progress.checkpoint else -1)  # a fresh start keeps nothing of an old log
-    take_over_run(cfg, run_dir, ctx, lock, progress, metrics, resumed.changes, data_read, (code, rank_codes),
+    take_over_run(cfg, run_dir, ctx, lock, progress, metrics, resumed.changes, data_read,
+                  evaluation_record(t.eval_sampling, t.eval_iters, val_batches), (code, rank_codes),
                   model.config.num_params(non_embedding=False))
 
     tokens_per_step = t.batch_size * t.block_size * t.grad_accum_steps * ctx.world_size
@@ -179,7 +180,8 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
 
 
 def take_over_run(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, lock: RunDirectoryLock, progress: Progress,
-                  metrics: MetricsLogger, changes: dict, data_read: dict, codes: tuple, num_params: int) -> None:
+                  metrics: MetricsLogger, changes: dict, data_read: dict, evaluation: dict, codes: tuple,
+                  num_params: int) -> None:
     """Make this launch the run's (called with the resume accepted and steps to train): its config the run's record,
     its log lines (those held back so far too) the run's log; then record what the launch reads and runs, and open
     the log. ``codes``: this rank's code and every rank's (:func:`code_on_every_rank`)."""
@@ -193,8 +195,7 @@ def take_over_run(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, lock:
         metrics.record({"step": progress.step, "resumed_from": str(progress.checkpoint),
                         "changed": {key: list(values) for key, values in changes.items()}})
     metrics.record_launch(progress.step, "data", data_read)
-    metrics.record_launch(progress.step, "evaluation", {"sampling": t.eval_sampling.value, "batches": t.eval_iters,
-                                                        "windows": t.eval_iters * t.batch_size})
+    metrics.record_launch(progress.step, "evaluation", evaluation)
     # Which code, libraries and hosts ran the steps from here on.
     launch = launch_record(run_dir, progress.step, *codes, ctx.device) if ctx.is_main else None
     if launch is not None:

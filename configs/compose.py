@@ -127,7 +127,7 @@ def validate(cfg) -> None:
                 f"every part of {o.name} decays to train.min_lr")
     check_optimizer_hyperparameters(o)
     OPTIMIZERS[o.name].check(cfg)
-    require(t.eval_sampling == EvalSampling.fixed or cfg.data.sampling != Sampling.sequential,
+    require(t.eval_sampling != EvalSampling.fresh or cfg.data.sampling != Sampling.sequential,
             "train.eval_sampling=fresh draws random validation windows, which data.sampling=sequential does not "
             "serve: use train.eval_sampling=fixed, or data.sampling=random")
     require(cfg.data.draws == Draws.keyed or t.eval_sampling == EvalSampling.fresh,

@@ -39,6 +39,8 @@ HUB_CORPORA = {
     # llm.c's dev/data/fineweb.py, which the MARS authors' FineWeb-Edu trainer reads.
     "fineweb-edu": HubCorpus("fineweb-edu", "HuggingFaceFW/fineweb-edu", config=FINEWEB_EDU_SAMPLES[0],
                              split="llm.c"),
+    # GaLore's torchrun_main.py, which the optimizer papers' LLaMA tables follow: data/c4.py.
+    "c4": HubCorpus("c4", "allenai/c4", config="en", split="galore"),
 }
 
 

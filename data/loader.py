@@ -41,7 +41,8 @@ from configs.schema import Sampling
 from data.authors_draws import AuthorsDraws
 from data.corpora import HUB_CORPORA, default_directory, prepare_command
 from data.embedded import prepare_embedded
-from data.shards import MANIFEST_FILE, ShardError, ShardFiles, read_manifest, unreadable_as_shard_error
+from data.shards import MANIFEST_FILE, RowLayout, ShardError, ShardFiles, read_manifest, unreadable_as_shard_error
+from model.loss import IGNORED_TARGET
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +107,9 @@ class ShardedTokens:
     """The shards of one split read as one token stream, without copying them into memory."""
 
     def __init__(self, shards: Sequence[np.ndarray], paths: list[Path] | None = None,
-                 source: str | None = None, fingerprint: str | None = None) -> None:
+                 source: str | None = None, fingerprint: str | None = None, rows: RowLayout | None = None) -> None:
         self.shards = shards
+        self.rows = rows  # a corpus of padded document rows (C4), or None: one stream of text
         self.paths = paths or []
         self.source = source  # what the shards were made from, as their manifest says (None without one)
         self.fingerprint = fingerprint  # see corpus_fingerprint (None in memory)
@@ -148,15 +150,16 @@ class ShardedTokens:
 def _check_vocabulary(data_dir: Path, split: str, paths: list[Path], shards: Sequence[np.ndarray],
                       manifest: dict | None, vocab_size: int) -> None:
     if manifest is not None:
-        if manifest["vocab_size"] > vocab_size:
-            raise ValueError(
-                f"{data_dir / MANIFEST_FILE}: the shards were tokenized with {manifest['tokenizer']} "
-                f"(vocabulary {manifest['vocab_size']}) but model.vocab_size is {vocab_size}: use a model whose "
-                "vocabulary covers the tokenizer's, or prepare the corpus with the model's tokenizer"
-            )
+        # What must fit is the ids the corpus holds: GaLore's LLaMA embeds t5-base's 32,000 pieces, not the 100
+        # sentinel ids above them, which no text tokenizes to.
         if manifest["max_token_id"] >= vocab_size:
-            raise ValueError(f"{data_dir / MANIFEST_FILE}: the shards hold token id {manifest['max_token_id']} "
-                             f">= model.vocab_size {vocab_size}")
+            raise ValueError(f"{data_dir / MANIFEST_FILE}: the shards hold {manifest['tokenizer']} token ids up to "
+                             f"{manifest['max_token_id']}, but model.vocab_size is {vocab_size}: set "
+                             f"model.vocab_size to at least {manifest['max_token_id'] + 1}, or prepare the corpus "
+                             "with the model's tokenizer")
+        if manifest["vocab_size"] > vocab_size:
+            log.info("%s: %s has %d ids, model.vocab_size %d; the shards hold none at or above it", data_dir,
+                     manifest["tokenizer"], manifest["vocab_size"], vocab_size)
         return
     sampled = False
     for path, tokens in zip(paths, shards):
@@ -206,8 +209,13 @@ def load_split(data_dir: Path, split: str, vocab_size: int) -> ShardedTokens:
     if manifest is not None:
         _check_manifest(data_dir, split, paths, shards, manifest)
     _check_vocabulary(data_dir, split, paths, shards, manifest, vocab_size)
+    rows = RowLayout.of(manifest)
+    for path, length in zip(paths, shards.lengths):
+        if rows and length % rows.tokens:
+            raise ShardError(f"{path} holds {length} tokens, not whole rows of {rows.tokens} as {MANIFEST_FILE} "
+                             "says: prepare the corpus again")
     return ShardedTokens(shards, paths, source_label(manifest.get("source")) if manifest else None,
-                         corpus_fingerprint(shards, manifest))
+                         corpus_fingerprint(shards, manifest), rows)
 
 
 def corpus_fingerprint(shards: ShardFiles, manifest: dict | None) -> str:
@@ -235,9 +243,9 @@ def source_label(source: dict | None) -> str | None:
 
 
 def _check_shards_hold_a_window(tokens: ShardedTokens, split: str, block_size: int) -> None:
-    """``random_shard`` draws whole windows (block_size + 1 tokens with the target) from inside one shard."""
+    """``random_shard`` draws whole windows (block_size + 1 tokens with the target; a row) from inside one shard."""
     for k, length in enumerate(tokens.lengths):
-        if length < block_size + 1:
+        if length < block_size + (0 if tokens.rows else 1):
             name = tokens.paths[k] if tokens.paths else f"shard {k}"
             raise ValueError(
                 f"data.sampling=random_shard draws each window from inside one shard, but {name} of the {split} "
@@ -259,7 +267,12 @@ class TokenBatches:
             raise ValueError(f"split must be one of {sorted(_SPLIT_IDS)}, got {split!r}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside [0, world_size={world_size})")
-        self.windows_per_epoch = (len(tokens) - 1) // block_size
+        self.rows = tokens.rows
+        if self.rows and block_size != self.rows.tokens:
+            raise ValueError(f"the {split} split {tokens} holds each document as its own row of {self.rows.tokens} "
+                             f"tokens (padded): set train.block_size={self.rows.tokens}, not {block_size}")
+        # A window of a stream is block_size inputs and the target after them; a row is its own inputs and targets.
+        self.windows_per_epoch = len(tokens) // block_size if self.rows else (len(tokens) - 1) // block_size
         batch_tokens = world_size * batch_size * block_size + 1
         if self.windows_per_epoch < world_size * batch_size:
             raise ValueError(
@@ -295,23 +308,38 @@ class TokenBatches:
         if self.sampling == Sampling.random_shard:
             shard = rng.integers(len(self.tokens.lengths))
             length = self.tokens.lengths[shard]
+            if self.rows:
+                return self.tokens.starts[shard] + rng.integers(0, length // self.block_size,
+                                                                size=self.batch_size) * self.block_size
             return self.tokens.starts[shard] + rng.integers(0, length - self.block_size, size=self.batch_size)
+        if self.rows:
+            return rng.integers(0, self.windows_per_epoch, size=self.batch_size) * self.block_size
         return rng.integers(0, len(self.tokens) - self.block_size, size=self.batch_size)
 
     def batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         return self.batch_at(self.window_starts(step, micro_step))
 
     def batch_at(self, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """(input, target) of the windows starting at ``starts`` in the split's stream."""
+        """(input, target) of the windows starting at ``starts`` in the split's stream. In a corpus of rows the input
+        is the row, the targets its next tokens, a padding token's (and the last position's) ``IGNORED_TARGET``:
+        the loss scores each document's tokens after its first, as a causal LM's labels with the padding masked."""
         windows = self._read_windows(starts)
         self._screen_token_ids(windows, starts)
         x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))
         y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))
+        if self.rows:
+            y[y == self.rows.pad_token] = IGNORED_TARGET
         if self.device.type == "cuda":
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
         return x.to(self.device), y.to(self.device)
 
     def _read_windows(self, starts: np.ndarray) -> np.ndarray:
+        """The tokens of each window and the target after its last: a row's is padding."""
+        if self.rows:
+            windows = np.full((len(starts), self.block_size + 1), self.rows.pad_token, dtype=np.int64)
+            for window, start in zip(windows, starts):
+                window[:-1] = self.tokens.read(int(start), self.block_size)
+            return windows
         return np.stack([self.tokens.read(int(s), self.block_size + 1) for s in starts]).astype(np.int64)
 
     def _screen_token_ids(self, windows: np.ndarray, starts: np.ndarray) -> None:
@@ -357,6 +385,9 @@ def build_batches(data_cfg, split: str, *, batch_size: int, block_size: int, gra
 def draw_as_the_authors(train: TokenBatches, val: TokenBatches, *, ahead: int, eval_interval: int, seed: int) -> None:
     """``data.draws=authors``: ``train``'s windows, and every evaluation's (``AuthorsDraws.evaluation_starts``),
     drawn as the authors' trainer draws them on this rank (``seed``: 5000 + rank in theirs)."""
+    if train.rows:
+        raise ValueError("data.draws=authors draws windows of a text stream as the MARS authors' trainers do; "
+                         f"{train.tokens} is a corpus of rows: use data.draws=keyed")
     train.draws = AuthorsDraws(train.tokens, val.tokens, batch_size=train.batch_size, block_size=train.block_size,
                                grad_accum_steps=train.grad_accum_steps, ahead=ahead, eval_interval=eval_interval,
                                seed=seed, by_shard=train.sampling == Sampling.random_shard)

@@ -3,6 +3,7 @@
     python -m data.prepare openwebtext                          # ~9B tokens, ~18 GB of shards
     python -m data.prepare fineweb-edu --sample sample-10BT     # ~10B tokens, ~20 GB
     python -m data.prepare files notes.txt more.jsonl --out ~/data/mine   # .txt, .jsonl/.json, .parquet
+    python -m data.prepare c4                                   # t5-base rows as GaLore's (data/c4.py)
 
 Every source takes the same path; only the ``datasets.load_dataset`` call differs. Documents are streamed in
 their stored order (the full corpus never has to be on disk before tokenizing), tokenized by a pool of workers
@@ -58,6 +59,7 @@ import numpy as np
 from tqdm import tqdm
 
 from configs.schema import TrainConfig
+from data import c4
 from data.corpora import FINEWEB_EDU_SAMPLES, HUB_CORPORA, HubCorpus, default_directory, unwritable_cache
 from data.shards import ShardError, read_manifest, read_shard, remove_temporaries, write_manifest, write_shard
 from data.tokenizer import GPT2_EOT_TOKEN, GPT2_VOCAB_SIZE, gpt2_encoding
@@ -69,7 +71,8 @@ DEFAULT_SHARD_SIZE = 100_000_000  # tokens per shard, as llm.c: 200 MB of uint16
 FILE_FORMATS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 SPLITS = ("val", "train")
 # What the output depends on; a rerun into the same directory must match these to resume.
-SETTINGS_KEYS = ("source", "tokenizer", "vocab_size", "eot_token", "document_separator", "split", "shard_size")
+SETTINGS_KEYS = ("source", "tokenizer", "vocab_size", "eot_token", "document_separator", "split", "shard_size",
+                 "tokenizer_fingerprint", "rows")  # the last two: C4's only (data/c4.py)
 # The fewest tokens a split needs for the trainer's defaults: one batch of train.batch_size windows of
 # train.block_size tokens and the target after them.
 DEFAULT_BATCH_TOKENS = TrainConfig.batch_size * TrainConfig.block_size + 1
@@ -312,6 +315,8 @@ class ShardWriter:
 
     def __init__(self, out: Path, manifest: dict) -> None:
         self.out, self.manifest, self.shard_size = out, manifest, manifest["shard_size"]
+        # a corpus of rows records each shard's tokens that are not padding (what an evaluation scores)
+        self.pad_token = manifest["rows"]["pad_token"] if manifest.get("rows") else None
         shards = manifest["shards"]
         self.split = shards[-1]["split"] if shards else None
         self.tokens = {split: sum(s["tokens"] for s in shards if s["split"] == split) for split in SPLITS}
@@ -350,9 +355,11 @@ class ShardWriter:
         index = sum(1 for s in self.manifest["shards"] if s["split"] == self.split)
         name = f"{self.split}_{index:06d}.bin"
         write_shard(self.out / name, tokens)
-        self.manifest["shards"].append({"file": name, "split": self.split, "tokens": int(tokens.size),
-                                        "max_token_id": int(tokens.max()), "next_document": self.next_document,
-                                        "next_offset": self.next_offset})
+        shard = {"file": name, "split": self.split, "tokens": int(tokens.size), "max_token_id": int(tokens.max()),
+                 "next_document": self.next_document, "next_offset": self.next_offset}
+        if self.pad_token is not None:
+            shard["text_tokens"] = int(np.count_nonzero(tokens != self.pad_token))
+        self.manifest["shards"].append(shard)
         write_manifest(self.out, self.manifest)
         self.buffer, self.buffered = [], 0
 
@@ -379,7 +386,7 @@ def _start_or_resume(out: Path, settings: dict) -> dict:
                              "choose an empty or new --out directory")
         out.mkdir(parents=True, exist_ok=True)
         return {**settings, "complete": False, "shards": []}
-    differing = [key for key in SETTINGS_KEYS if manifest.get(key) != settings[key]]
+    differing = [key for key in SETTINGS_KEYS if manifest.get(key) != settings.get(key)]
     if differing:
         raise ValueError(f"{out} was prepared with different {', '.join(differing)} ({manifest.get('command')}): "
                          "rerun that command to finish it, add --overwrite to replace it, or choose another --out")
@@ -428,7 +435,7 @@ def _overwriting_directory(out: Path, settings: dict) -> Path:
                          "no manifest.json: choose another --out, or empty it yourself")
     staging = beside(out, OVERWRITING_SUFFIX)
     manifest = read_manifest(staging) if staging.is_dir() else None
-    if staging.exists() and (manifest is None or any(manifest.get(key) != settings[key] for key in SETTINGS_KEYS)):
+    if staging.exists() and (manifest is None or any(manifest.get(key) != settings.get(key) for key in SETTINGS_KEYS)):
         shutil.rmtree(staging)
     return staging
 
@@ -462,7 +469,7 @@ def _finish_interrupted_replacement(out: Path, settings: dict) -> dict | None:
     shutil.rmtree(replaced)
     manifest = read_manifest(out)
     log.info("finished an interrupted --overwrite: %s holds its new corpus", out)
-    if manifest and manifest.get("complete") and all(manifest.get(key) == settings[key] for key in SETTINGS_KEYS):
+    if manifest and manifest.get("complete") and all(manifest.get(key) == settings.get(key) for key in SETTINGS_KEYS):
         return manifest
     return None
 
@@ -488,18 +495,52 @@ def prepare(source: dict, out: str | os.PathLike, *, split: str = FirstDocuments
     separator = "<|endoftext|> " + ("before" if rule.eot_first else "after") + " each document"
     settings = {"source": source, "tokenizer": "gpt2", "vocab_size": GPT2_VOCAB_SIZE, "eot_token": GPT2_EOT_TOKEN,
                 "document_separator": separator, "split": rule.settings(), "shard_size": shard_size}
-    # One preparation of `out` at a time: a second one waits, then resumes or finds it complete.
+    return _prepare_alone(out, settings, overwrite, lambda directory: _prepare_into(
+        directory, settings, rule, source, workers, documents, command, shown_as=out))
+
+
+def _prepare_alone(out: Path, settings: dict, overwrite: bool, prepare_into) -> dict:
+    """``prepare_into(directory)`` for ``out``, or for the directory beside it that replaces it (``overwrite``), by
+    one process at a time: a second one waits, then resumes or finds it complete. Returns the manifest."""
     with sole_writer(out) as sole:
         manifest = _finish_interrupted_replacement(out, settings)
         if manifest is None and overwrite and out.is_dir() and any(out.iterdir()):
             staging = _overwriting_directory(out, settings)
-            manifest = _prepare_into(staging, settings, rule, source, workers, documents, command, shown_as=out)
+            manifest = prepare_into(staging)
             _replace_directory(out, staging)
         elif manifest is None:
-            manifest = _prepare_into(out, settings, rule, source, workers, documents, command, shown_as=out)
+            manifest = prepare_into(out)
         if sole:  # what writers killed before their rename left
             remove_temporaries(out)
     return manifest
+
+
+def prepare_c4(out: str | os.PathLike, *, local: Path | None = None, tokenizer: str = c4.TOKENIZER,
+               train_documents: int = c4.TRAIN_DOCUMENTS, val_tokens: int = c4.VAL_TOKENS,
+               shard_size: int = DEFAULT_SHARD_SIZE, command: str = "", overwrite: bool = False) -> dict:
+    """C4 as GaLore reads it (``data/c4.py``) into rows under ``out``, from the Hub or a ``local`` copy of its
+    files; resumed and overwritten as ``prepare``. Returns the manifest."""
+    source, loaded = c4.C4Source(local), c4.load_tokenizer(tokenizer)
+    settings = c4.c4_settings(source, tokenizer, loaded, train_documents, val_tokens, shard_size)
+    out = Path(out).expanduser()
+
+    def prepare_into(directory: Path) -> dict:
+        manifest = _start_or_resume(directory, settings)
+        if manifest["complete"]:
+            log.info("%s is already prepared (%s)", out, manifest["tokens"])
+            return manifest
+        manifest["command"] = command or manifest.get("command", "")
+        writer = ShardWriter(directory, manifest)
+        with tqdm(desc=f"C4 rows into {out}", unit="doc", unit_scale=True, initial=writer.next_document) as progress:
+            documents = c4.write_c4_rows(writer, source, loaded, settings, progress)
+        manifest["text_tokens"] = {split: sum(s["text_tokens"] for s in manifest["shards"] if s["split"] == split)
+                                   for split in SPLITS}
+        _complete(directory, manifest, documents, out)
+        log.info("%s: %s documents as rows of %d tokens, %s", out, f"{documents:,}", c4.ROW_TOKENS,
+                 ", ".join(f"{split} {count:,} text tokens" for split, count in manifest["text_tokens"].items()))
+        return manifest
+
+    return _prepare_alone(out, settings, overwrite, prepare_into)
 
 
 def _prepare_into(out: Path, settings: dict, rule: SplitRule, source: dict, workers: int, documents: int | None,
@@ -584,6 +625,14 @@ def _parser() -> argparse.ArgumentParser:
     files = sources.add_parser("files", parents=[common], help="local .txt, .jsonl/.json or .parquet files")
     files.add_argument("paths", nargs="+", type=Path)
     files.add_argument("--text-column", default="text", help="the column holding the text (.jsonl/.parquet)")
+    c4_parser = sources.add_parser("c4", parents=[common], help="allenai/c4 en as GaLore reads it: t5-base rows of "
+                                                                "256 tokens (data/c4.py)")
+    c4_parser.add_argument("--from", dest="local", type=Path, default=None,
+                           help="a local copy of allenai/c4 (the directory holding en/c4-*.json.gz) instead of the Hub")
+    c4_parser.add_argument("--tokenizer", default=c4.TOKENIZER,
+                           help="a Hub tokenizer id or a saved tokenizer's directory (default t5-base, GaLore's)")
+    c4_parser.add_argument("--train-documents", type=int, default=c4.TRAIN_DOCUMENTS,
+                           help=f"train documents (rows) to take (default {c4.TRAIN_DOCUMENTS:,}: the 1B preset's)")
     return parser
 
 
@@ -605,6 +654,17 @@ def main(argv: list[str] | None = None) -> None:
                 raise ValueError("files needs --out DIR: the directory to write the shards to")
             source, out = files_source(args.paths, args.text_column), args.out
             split, documents = args.split or FirstDocuments.name, None
+        elif args.source == "c4":
+            not_for_c4 = [flag for flag, value in (("--split", args.split), ("--test-size", args.test_size),
+                                                   ("--workers", args.workers)) if value is not None]
+            if not_for_c4:
+                raise ValueError(f"{' and '.join(not_for_c4)} {'does' if len(not_for_c4) == 1 else 'do'} not apply to "
+                                 "c4, whose split is GaLore's and whose tokenizer runs on its own threads (data/c4.py)")
+            out = args.out or default_directory(HUB_CORPORA["c4"])
+            prepare_c4(out, local=args.local, tokenizer=args.tokenizer, train_documents=args.train_documents,
+                       val_tokens=c4.VAL_TOKENS if args.val_tokens is None else args.val_tokens, shard_size=args.shard_size,
+                       command=rerun_command(argv), overwrite=args.overwrite)
+            return
         else:
             corpus = HUB_CORPORA[args.source]
             if args.source == "fineweb-edu":

@@ -7,7 +7,9 @@ and a file once written is never rewritten in place: a run that keeps a shard op
 whatever is renamed over its path later (``ShardFiles``).
 
 A directory of shards made by ``data.prepare`` also holds ``manifest.json``: where the tokens came from, the
-tokenizer and its vocabulary size, the largest token id, and every shard with its token count.
+tokenizer and its vocabulary size, the largest token id, and every shard with its token count. A corpus of rows
+(C4, ``data/c4.py``) says so in its manifest's ``rows``: each document is one row of ``tokens`` tokens, padded with
+``pad_token``, and every shard holds whole rows.
 """
 import contextlib
 import errno
@@ -20,6 +22,7 @@ import socket
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +34,22 @@ HEADER_BYTES = HEADER_INTS * 4
 TOKEN_DTYPE = np.dtype("<u2")
 MANIFEST_FILE = "manifest.json"
 TEMPORARY_SUFFIX = ".tmp"
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """A corpus whose every document is its own row of ``tokens`` tokens, padded at its end with ``pad_token``."""
+
+    tokens: int
+    pad_token: int
+
+    @classmethod
+    def of(cls, manifest: dict | None) -> "RowLayout | None":
+        rows = (manifest or {}).get("rows")
+        return cls(rows["tokens"], rows["pad_token"]) if rows else None
+
+    def as_manifest(self) -> dict:
+        return {"tokens": self.tokens, "pad_token": self.pad_token}
 
 
 class ShardError(ValueError):
@@ -279,6 +298,11 @@ def check_manifest_types(manifest: dict, path: Path) -> None:
     for key, expected in _MANIFEST_FIELD_TYPES.items():
         if key in manifest and not _is_a(manifest[key], expected):
             refuse(key, manifest[key], _TYPE_NAMES[expected])
+    rows = manifest.get("rows")
+    if rows is not None and not (isinstance(rows, dict) and all(_is_a(rows.get(key), int) and rows[key] >= 0
+                                                                 for key in ("tokens", "pad_token"))
+                                 and rows["tokens"] > 1):
+        refuse("rows", rows, 'an object {"tokens": rows of at least 2, "pad_token": an id}')
     shards = manifest.get("shards", [])
     if not isinstance(shards, list):
         refuse("shards", shards, "a list")

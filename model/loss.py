@@ -17,14 +17,18 @@ and is all-reduced like any other.
 import torch
 import torch.nn.functional as F
 
+# A target the loss skips (F.cross_entropy's default): the padding of a corpus of rows (C4, data/c4.py).
+IGNORED_TARGET = -100
+
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          chunk_size: int) -> torch.Tensor:
     """Mean cross-entropy of the logits ``hidden @ weight.T`` against ``targets``, ``chunk_size`` tokens at a time.
 
-    ``hidden`` is (..., C), ``weight`` (V, C), ``targets`` the token ids (...,), every id a real class (no ignore
-    index: the trainer's targets are text). Equals ``F.cross_entropy(F.linear(hidden, weight).float().view(-1, V),
-    targets.view(-1))`` up to float rounding, and so do its gradients, which reach ``weight.grad`` (an embedding
+    ``hidden`` is (..., C), ``weight`` (V, C), ``targets`` the token ids (...,); a target ``IGNORED_TARGET`` is left
+    out of the mean, as ``F.cross_entropy`` leaves it (a micro-batch with none to score has loss 0). Equals
+    ``F.cross_entropy(F.linear(hidden, weight).float().view(-1, V), targets.view(-1))`` up to float rounding, and
+    so do its gradients, which reach ``weight.grad`` (an embedding
     tied to the weight adds its own). Without gradient mode, or when neither input requires a gradient, only the
     loss is computed.
     """
@@ -75,28 +79,34 @@ def chunked_loss_and_grads(hidden: torch.Tensor, weight: torch.Tensor, targets: 
 
 def _chunked_loss_and_grads(hidden, weight, targets, chunk_size, compute_dtype, grad_of_hidden, grad_of_weight):
     n_tokens = hidden.size(0)
+    scored = targets != IGNORED_TARGET
+    # The mean's divisor as a tensor, no host read; 1 / n in float64 first, as a Python float divisor was, so that
+    # a batch without ignored targets gives the numbers it gave before ignoring existed.
+    n_scored = scored.sum().clamp(min=1)
+    inverse_n = (1.0 / n_scored.double()).float()
+    targets = torch.where(scored, targets, 0)  # any real class for gather; masked out below
     weight_c = weight.to(compute_dtype)  # once for all chunks, as autocast casts it once for the whole batch
     loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
     grad_hidden = torch.empty_like(hidden) if grad_of_hidden else None
     grad_weight = torch.zeros_like(weight, dtype=torch.float32) if grad_of_weight else None
     for start in range(0, n_tokens, chunk_size):
         hidden_chunk = hidden[start:start + chunk_size].to(compute_dtype)
-        targets_chunk = targets[start:start + chunk_size]
+        targets_chunk, scored_chunk = targets[start:start + chunk_size], scored[start:start + chunk_size]
         logits = F.linear(hidden_chunk, weight_c).float()
         log_normaliser = torch.logsumexp(logits, dim=-1)
         target_logits = logits.gather(1, targets_chunk.unsqueeze(1)).squeeze(1)
-        loss += (log_normaliser - target_logits).sum()
+        loss += torch.where(scored_chunk, log_normaliser - target_logits, 0.0).sum()
         if not (grad_of_hidden or grad_of_weight):
             continue
-        # d mean / d logits = (softmax - onehot) / n_tokens, in float32, then in the compute dtype as autograd
-        # hands it to the matrix products. In place: the float32 logits are not needed any more.
+        # d mean / d logits = (softmax - onehot) / n_scored (0 for an ignored target), in float32, then in the
+        # compute dtype as autograd hands it to the matrix products. In place: the float32 logits are not needed any more.
         grad_logits = logits.sub_(log_normaliser.unsqueeze(1)).exp_()
         grad_logits[torch.arange(len(targets_chunk), device=hidden.device), targets_chunk] -= 1.0
-        grad_logits = grad_logits.mul_(1.0 / n_tokens).to(compute_dtype)
+        grad_logits = grad_logits.mul_(torch.where(scored_chunk, inverse_n, 0.0).unsqueeze(1)).to(compute_dtype)
         if grad_of_hidden:
             grad_hidden[start:start + chunk_size] = grad_logits @ weight_c
         if grad_of_weight:
             grad_weight += (grad_logits.t() @ hidden_chunk).float()
     if grad_weight is not None:
         grad_weight = grad_weight.to(weight.dtype)
-    return loss / n_tokens, grad_hidden, grad_weight
+    return loss / n_scored, grad_hidden, grad_weight

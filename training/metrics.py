@@ -42,7 +42,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 # How a log line shows each value, in its order.
-RECORD_FORMATS = {"train/loss": ".4f", "val/loss": ".4f", "val/loss_fixed": ".4f", "train/loss_estimate": ".4f",
+RECORD_FORMATS = {"train/loss": ".4f", "val/loss": ".4f", "val/perplexity": ".2f", "val/loss_fixed": ".4f", "train/loss_estimate": ".4f",
                   "lr": ".2e", "grad_norm": ".3f", "clipped": ".0%", "tokens": ",d", "tokens_per_s": ",.0f",
                   "step_ms": ".1f", "mfu": ".1%", "peak_memory_gb": ".2f", "skipped_steps": "d",
                   "hellaswag/acc_norm": ".3f"}

@@ -1,7 +1,7 @@
 """What an evaluation during training scores: the validation loss (which windows, and the mean loss over them), and
 HellaSwag accuracy.
 
-Two procedures (``train.eval_sampling``):
+Three procedures (``train.eval_sampling``):
 
 - ``fixed``: the same ``eval_iters`` batches at every evaluation, the windows of step 0. Curves are smooth and
   the seeds of a setting are scored on one text.
@@ -13,16 +13,22 @@ Two procedures (``train.eval_sampling``):
   The best val loss is then the minimum over these noisy estimates; that the paper's table reports that minimum
   is an assumption (docs/paper.md). A run evaluated on fresh windows also scores the fixed ones
   (``val/loss_fixed``).
+- ``whole``: every window of the validation split once (a corpus of rows: every row), shared out across the
+  ranks; the loss is the mean over every target token scored (a row's padding is not), as GaLore's evaluation
+  on C4 (``torchrun_main.py:84-126``, which averages its batches' means instead: docs/c4.md), and its exponential,
+  ``val/perplexity``, is the figure their tables report.
 
 The fixed and keyed fresh windows are drawn from the validation batches' generator, keyed independently of
 ``train.seed``, so the seeds of a setting (and every optimizer) are scored on the same windows at the same step.
 """
 import math
 
+import numpy as np
 import torch
 
 from configs.schema import EvalSampling
 from data.loader import TokenBatches
+from model.loss import IGNORED_TARGET
 from training import memory
 from training.distributed import DistributedContext, sums_across_ranks
 from training.hellaswag import correct_counts
@@ -55,11 +61,48 @@ def estimate_val_loss(model, batches: TokenBatches, eval_iters: int, autocast, c
     return loss_sum / eval_iters
 
 
+@torch.no_grad()
+def whole_split_loss(model, batches: TokenBatches, autocast, ctx: DistributedContext) -> float:
+    """Mean loss over every scored target of every window of the split (each window once; the last batch shorter).
+
+    Batch k is scored by rank k % world_size, and each batch's mean is weighted by its scored targets in a float64
+    sum across the ranks: the same number whatever the number of processes, up to the order of that sum. The ranks
+    score unequal numbers of batches, so the model runs outside DDP (whose forward may broadcast buffers).
+    """
+    model = getattr(model, "module", model)
+    model.eval()
+    totals = torch.zeros(2, dtype=torch.float64, device=batches.device)  # loss sum, scored targets
+    starts = np.arange(batches.windows_per_epoch) * batches.block_size
+    for first in range(ctx.rank * batches.batch_size, len(starts), ctx.world_size * batches.batch_size):
+        x, y = batches.batch_at(starts[first:first + batches.batch_size])
+        with memory.micro_batch(len(x), batches.block_size, batches.device), autocast:
+            _, loss = model(x, y)
+        scored = (y != IGNORED_TARGET).sum()
+        totals += torch.stack([loss.double() * scored, scored.double()])
+    model.train()
+    met_bad_ids = float(batches.bad_token_position is not None)
+    loss_sum, scored, ranks_with_bad_ids = sums_across_ranks([*totals.tolist(), met_bad_ids], ctx)
+    stop_alike_on_bad_token_ids(batches, ranks_with_bad_ids, ctx)
+    return loss_sum / scored
+
+
+def evaluation_record(sampling: EvalSampling, eval_iters: int, val_batches: TokenBatches) -> dict:
+    """What every evaluation of a launch scores, for its log: the procedure, its batches and windows."""
+    if EvalSampling(sampling) == EvalSampling.whole:
+        windows = val_batches.windows_per_epoch
+        return {"sampling": "whole", "batches": math.ceil(windows / val_batches.batch_size), "windows": windows}
+    return {"sampling": EvalSampling(sampling).value, "batches": eval_iters,
+            "windows": eval_iters * val_batches.batch_size}
+
+
 def validation_losses(model, train_batches: TokenBatches, val_batches: TokenBatches, eval_iters: int,
                       sampling: EvalSampling, step: int, autocast, ctx: DistributedContext) -> dict[str, float]:
     """The evaluation's metrics: ``val/loss`` by the configured procedure, and ``val/loss_fixed`` besides when
     that procedure is ``fresh``; under ``data.draws=authors``, ``val/loss`` and ``train/loss_estimate`` are the
-    authors' estimates (``authors_estimates``)."""
+    authors' estimates (``authors_estimates``); ``whole``: ``val/loss`` and ``val/perplexity`` of every window."""
+    if EvalSampling(sampling) == EvalSampling.whole:
+        loss = whole_split_loss(model, val_batches, autocast, ctx)
+        return {"val/loss": loss, "val/perplexity": math.exp(min(loss, 700.0))}
     fixed = estimate_val_loss(model, val_batches, eval_iters, autocast, ctx)
     if EvalSampling(sampling) == EvalSampling.fixed:
         return {"val/loss": fixed}

@@ -223,9 +223,24 @@ def _copy_prepared(prepared_dir, tmp_path):
     return tmp_path
 
 
-def test_manifest_vocabulary_larger_than_the_model_is_rejected(prepared_dir):
-    with pytest.raises(ValueError, match=r"manifest\.json.*gpt2.*50257.*model\.vocab_size is 50000"):
-        load_split(prepared_dir, "train", vocab_size=50000)
+def test_a_model_whose_vocabulary_cannot_hold_the_corpus_ids_is_refused_in_one_line(prepared_dir):
+    largest = read_manifest(prepared_dir)["max_token_id"]
+    with pytest.raises(ValueError, match=rf"manifest\.json: the shards hold gpt2 token ids up to {largest}, but "
+                                         rf"model\.vocab_size is {largest}: set model\.vocab_size to at least "
+                                         rf"{largest + 1}") as refused:
+        load_split(prepared_dir, "train", vocab_size=largest)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_model_smaller_than_the_tokenizer_that_holds_every_id_of_the_corpus_is_taken(prepared_dir, tmp_path,
+                                                                                        caplog):
+    # GaLore's LLaMA embeds 32,000 of t5-base's 32,100 ids: the sentinel ids above them are never in a text.
+    directory = _copy_prepared(prepared_dir, tmp_path)
+    manifest = read_manifest(directory)
+    write_manifest(directory, {**manifest, "vocab_size": manifest["max_token_id"] + 101})
+    with caplog.at_level(logging.INFO, logger="data.loader"):
+        tokens = load_split(directory, "train", vocab_size=manifest["max_token_id"] + 1)
+    assert len(tokens) and f"gpt2 has {manifest['max_token_id'] + 101} ids" in caplog.text
 
 
 def test_manifest_largest_token_id_is_checked_without_reading_the_shards(prepared_dir, tmp_path):

@@ -179,3 +179,59 @@ def test_training_with_the_chunked_loss_follows_the_plain_run(tmp_path):
     for key in ("train/loss", "val/loss", "grad_norm"):  # measured: at most 1e-7 apart
         expected = [r[key] for r in plain if key in r]
         assert expected and [r[key] for r in chunked if key in r] == pytest.approx(expected, rel=1e-6), key
+
+
+def padded_targets(targets: torch.Tensor, every: int = 3) -> torch.Tensor:
+    """``targets`` with every ``every``-th one (and the last five, a row's padding) ignored."""
+    padded = targets.clone()
+    padded[::every] = loss_module.IGNORED_TARGET
+    padded[-5:] = loss_module.IGNORED_TARGET
+    return padded
+
+
+@pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
+def test_ignored_targets_are_left_out_of_the_mean_and_its_gradients_as_cross_entropy_leaves_them(chunk_size):
+    hidden, weight, targets = head_inputs()
+    targets = padded_targets(targets)
+    plain = head_loss_and_grads(hidden, weight, targets)
+    chunked = head_loss_and_grads(hidden, weight, targets, chunk_size=chunk_size)
+    for name, actual, expected in zip(("loss", "d hidden", "d weight"), chunked, plain):
+        assert relative_error(actual, expected) < FLOAT32_RTOL, name
+    # the mean over the scored targets alone: the same as the head on those tokens only
+    scored = targets != loss_module.IGNORED_TARGET
+    alone = head_loss_and_grads(hidden[scored], weight, targets[scored], chunk_size=chunk_size)
+    assert relative_error(chunked[0], alone[0]) < FLOAT32_RTOL
+    assert torch.all(chunked[1][~scored] == 0)
+
+
+def test_a_batch_without_ignored_targets_gives_the_numbers_of_the_head_before_ignoring_existed():
+    # The head before IGNORED_TARGET divided by the Python int n_tokens: the same numbers to the bit.
+    def before(hidden, weight, targets, chunk_size):
+        n_tokens, weight_c = hidden.size(0), weight
+        loss = torch.zeros(())
+        grad_hidden, grad_weight = torch.empty_like(hidden), torch.zeros_like(weight)
+        for start in range(0, n_tokens, chunk_size):
+            chunk, targets_chunk = hidden[start:start + chunk_size], targets[start:start + chunk_size]
+            logits = F.linear(chunk, weight_c).float()
+            log_normaliser = torch.logsumexp(logits, dim=-1)
+            loss += (log_normaliser - logits.gather(1, targets_chunk.unsqueeze(1)).squeeze(1)).sum()
+            grad_logits = logits.sub_(log_normaliser.unsqueeze(1)).exp_()
+            grad_logits[torch.arange(len(targets_chunk)), targets_chunk] -= 1.0
+            grad_logits = grad_logits.mul_(1.0 / n_tokens)
+            grad_hidden[start:start + chunk_size] = grad_logits @ weight_c
+            grad_weight += grad_logits.t() @ chunk
+        return loss / n_tokens, grad_hidden, grad_weight
+
+    hidden, weight, targets = head_inputs()
+    for chunk_size in CHUNK_SIZES:
+        now = loss_module.chunked_loss_and_grads(hidden, weight, targets, chunk_size, torch.float32, True, True)
+        for name, actual, expected in zip(("loss", "d hidden", "d weight"), now, before(hidden, weight, targets,
+                                                                                          chunk_size)):
+            assert torch.equal(actual, expected), (chunk_size, name)
+
+
+def test_a_batch_with_every_target_ignored_has_loss_zero_and_no_gradient():
+    hidden, weight, targets = head_inputs()
+    loss, grad_hidden, grad_weight = head_loss_and_grads(
+        hidden, weight, torch.full_like(targets, loss_module.IGNORED_TARGET), chunk_size=16)
+    assert loss.item() == 0.0 and not grad_hidden.any() and not grad_weight.any()
