@@ -325,10 +325,11 @@ class TokenBatches:
         the loss scores each document's tokens after its first, as a causal LM's labels with the padding masked."""
         windows = self._read_windows(starts)
         self._screen_token_ids(windows, starts)
+        targets = windows[:, 1:]
+        if self.rows:  # a new array: x may share windows' memory (a batch of one row is contiguous as a slice)
+            targets = np.where(targets == self.rows.pad_token, IGNORED_TARGET, targets)
         x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))
-        y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))
-        if self.rows:
-            y[y == self.rows.pad_token] = IGNORED_TARGET
+        y = torch.from_numpy(np.ascontiguousarray(targets))
         if self.device.type == "cuda":
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
         return x.to(self.device), y.to(self.device)
