@@ -20,7 +20,8 @@ from data.corpora import CUSTOM, EMBEDDED
 MODEL_SIZES = {shape: size for size, shape in GPT2_SHAPES.items()}
 LLAMA_SIZES = {shape: f"llama-{size}" for size, shape in LLAMA_SHAPES.items()}
 SIZE_ORDER = (*GPT2_SHAPES, *LLAMA_SIZES.values())
-CORPUS_NAMES = {"openwebtext": "OpenWebText", "fineweb-edu": "FineWeb-Edu", "embedded": "Shakespeare (embedded)"}
+CORPUS_NAMES = {"openwebtext": "OpenWebText", "fineweb-edu": "FineWeb-Edu", "c4": "C4",
+                "embedded": "Shakespeare (embedded)"}
 # Each optimizer label's display name, in the tables' order.
 OPTIMIZER_NAMES = {label: name for entry in OPTIMIZERS.values() for label, name in entry.labels.items()}
 

@@ -8,7 +8,8 @@ and ``.hydra/config.yaml``. Optionally reads wandb CSV exports of a ``val/loss``
 ``<run name> - val/loss``), whose run names must be preset names (``owt-gpt2-small-5b-mars-approx``: what the
 presets in configs/experiment/ set as wandb.run_name). Runs that differ only in the seed are averaged; among
 the settings of one optimizer (a sweep), the best is reported. The first table has the paper's layout, one per
-corpus, each cell ``ours / paper (ours - paper)``; the second lists every setting, its final val loss beside its
+corpus, each cell ``ours / paper (ours - paper)`` (on C4, in validation perplexity beside the full-rank Adam
+baseline of GaLore's Table 2, for runs of its LLaMA sizes and steps: ``LITERATURE_PERPLEXITY``); the second lists every setting, its final val loss beside its
 best (the step-0 evaluation of the untrained model is never a best). A figure that includes a run
 whose last logged step is short of its max_iters (preempted and never resumed, killed, still running) is marked
 ``*``, and the legend and the runs column say where each such run stopped. A sweep point that was refused,
@@ -63,6 +64,17 @@ PAPER_VAL_LOSS = {
 }
 PAPER_BUDGETS = frozenset(budget for _, _, budget in PAPER_VAL_LOSS)
 PAPER_CITATION = "Yuan et al., MARS, ICML 2025 (arXiv 2411.10438), via the AGI-Arena/MARS README"
+# Validation perplexity on C4 of the full-rank Adam baseline: Zhao et al., "GaLore: Memory-Efficient LLM Training
+# by Gradient Low-Rank Projection", ICML 2024, arXiv 2403.03507v2, Table 2, row Full-Rank; by LLaMA size and the
+# steps of its run (jiaweizzhao/GaLore scripts/benchmark_c4/llama_<size>.sh:10, the paper's Table 5).
+LITERATURE_PERPLEXITY = {
+    ("c4", "llama-60m", 10_000): {"adamw": 34.06},
+    ("c4", "llama-130m", 20_000): {"adamw": 25.08},
+    ("c4", "llama-350m", 60_000): {"adamw": 18.80},
+    ("c4", "llama-1b", 100_000): {"adamw": 15.56},
+}
+LITERATURE_CITATION = "Zhao et al., GaLore, ICML 2024 (arXiv 2403.03507v2), Table 2, row Full-Rank (Adam)"
+PERPLEXITY_CORPORA = frozenset(corpus for corpus, _, _ in LITERATURE_PERPLEXITY)
 PRESET_DIR = Path(__file__).resolve().parents[1] / "configs" / "experiment"
 PAPER_ROWS = [label for entry in OPTIMIZERS.values() for label in entry.paper_rows]  # the optimizers the paper ran
 PRESET_NAME = re.compile(r"(?P<corpus>owt|fwe)-gpt2-(?P<model>small|medium|large|xl)-(?P<billions>\d+)b-"
@@ -124,14 +136,14 @@ def preset_max_iters(name: str) -> int | None:
     return OmegaConf.load(path)["train"]["max_iters"] if path.is_file() else None
 
 
-def format_difference(ours: float | None, paper: float | None, mark: str = "") -> str:
+def format_difference(ours: float | None, paper: float | None, mark: str = "", digits: int = 3) -> str:
     if ours is None and paper is None:
         return MISSING
     if paper is None:
-        return f"{ours:.3f}{mark}"
+        return f"{ours:.{digits}f}{mark}"
     if ours is None:
-        return f"{MISSING} / {paper:.3f}"
-    return f"{ours:.3f}{mark} / {paper:.3f} ({ours - paper:+.3f})"
+        return f"{MISSING} / {paper:.{digits}f}"
+    return f"{ours:.{digits}f}{mark} / {paper:.{digits}f} ({ours - paper:+.{digits}f})"
 
 
 def budget_columns(groups: dict[tuple, list[Setting]], corpus: str) -> list[float]:
@@ -187,6 +199,9 @@ def paper_layout(groups: dict[tuple, list[Setting]]) -> list[str]:
     within = within_run_bests(groups)
     lines = []
     for corpus in sorted({key[0] for key in groups}):
+        if corpus in PERPLEXITY_CORPORA:
+            lines += perplexity_layout(groups, corpus)
+            continue
         ours = [key[1:] for key in groups if key[0] == corpus]  # (model, budget, optimizer)
         prefixes = {key[1:]: loss for key, loss in within.items() if key[0] == corpus}  # + run budget
         columns = sorted({(model, budget) for model, budget, *_ in [*ours, *prefixes]},
@@ -218,6 +233,47 @@ def paper_layout(groups: dict[tuple, list[Setting]]) -> list[str]:
         lines += [""] + (legend(bool(prefixes), paper_numbers, stopped) if prefixes or paper_numbers or stopped
                          else [])
     return lines
+
+
+def perplexity_layout(groups: dict[tuple, list[Setting]], corpus: str) -> list[str]:
+    """A corpus the literature reports in perplexity (C4): rows per optimizer, a column per (model, budget), each
+    cell exp of the best setting's best validation loss (the seeds' mean), beside the literature's for a published
+    run of the column's model and steps (``LITERATURE_PERPLEXITY``)."""
+    ours = [key[1:] for key in groups if key[0] == corpus]  # (model, budget, optimizer)
+    columns = sorted({(model, budget) for model, budget, _ in ours}, key=lambda c: (size_order(c[0]), c[1]))
+    steps = {column: column_steps(groups, corpus, column) for column in columns}
+    published = {column: LITERATURE_PERPLEXITY.get((corpus, column[0], steps[column]), {}) for column in columns}
+    optimizers = {optimizer for *_, optimizer in ours} | {o for column in columns for o in published[column]}
+    headers = [f"{display_model(model)}, {tokens_label(budget)} tokens"
+               + (f" ({steps[model, budget]:,} steps)" if steps[model, budget] else "") for model, budget in columns]
+    lines = [f"### {display_corpus(corpus)}: validation perplexity, ours / literature (difference)", "",
+             "| optimizer | " + " | ".join(headers) + " |", "|---|" + "---:|" * len(columns)]
+    stopped = []
+    for optimizer in sorted(optimizers, key=optimizer_order):
+        cells = []
+        for column in columns:
+            settings = groups.get((corpus, *column, optimizer))
+            best = settings[0] if settings and settings[0].best_val_losses else None
+            stopped += best.stopped_runs if best else []
+            mark = STOPPED if best and best.stopped_runs else ""
+            ours_ppl = math.exp(best.mean_best_val_loss) if best else None
+            cells.append(format_difference(ours_ppl, published[column].get(optimizer), mark, digits=2))
+        lines.append(f"| {display_optimizer(optimizer)} | " + " | ".join(cells) + " |")
+    sentences = ["Ours: exp of the best validation loss (its evaluations after step 0; seeds: exp of their mean), "
+                 "the perplexity of that evaluation (val/perplexity) for one seed. Literature: "
+                 f"{LITERATURE_CITATION}, for a run of the column's model and steps; their evaluation averages batch "
+                 "means, over one more batch than it scores, where ours averages tokens (docs/c4.md)."]
+    if stopped:
+        sentences.append(f"Figures marked {STOPPED} include runs that stopped before their configured steps: "
+                         + where_stopped(stopped) + ".")
+    return lines + ["", " ".join(sentences), ""]
+
+
+def column_steps(groups: dict[tuple, list[Setting]], corpus: str, column: tuple[str, float]) -> int | None:
+    """The steps the runs of a (model, budget) column are configured for, if they agree (else None)."""
+    steps = {run.max_iters for (c, *key), settings in groups.items() if c == corpus and tuple(key[:2]) == column
+             for setting in settings for run in setting.runs}
+    return steps.pop() if len(steps) == 1 else None
 
 
 def group_order(corpus: str, model: str, budget: float, optimizer: str) -> tuple:

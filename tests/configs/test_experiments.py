@@ -15,7 +15,8 @@ from tests.configs.authors_runs import OURS, OURS_BY_OPTIMIZER, RUNS, authors_se
 from training.resume import flat_items
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
-PRESETS = sorted(path.stem for path in (CONFIG_DIR / "experiment").glob("*.yaml"))
+# The MARS papers' GPT-2 runs; the LLaMA-on-C4 presets (c4-llama-*) are tests/configs/test_c4_presets.py's.
+PRESETS = sorted(path.stem for path in (CONFIG_DIR / "experiment").glob("*.yaml") if not path.stem.startswith("c4-"))
 NAME = re.compile(r"(?P<corpus>owt|fwe)-gpt2-(?P<size>small|medium|large|xl)-(?P<billions>\d+)b-"
                   r"(?P<optimizer>adamw|muon|mars-approx|mars-exact|mars-m|moonlight)")
 CORPORA = {"owt": "openwebtext", "fwe": "fineweb-edu"}

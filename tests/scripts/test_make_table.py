@@ -2,6 +2,7 @@
 import csv
 import json
 import logging
+import math
 import os
 import shlex
 import statistics
@@ -13,7 +14,8 @@ from omegaconf import OmegaConf
 from reporting.run_labels import count_label
 from reporting.run_selection import load_runs
 from reporting.target_loss import Reached, duration_label, reached
-from scripts.make_table import PAPER_VAL_LOSS, load_wandb_csv, main, make_table
+from scripts.make_table import LITERATURE_PERPLEXITY, PAPER_VAL_LOSS, load_wandb_csv, main, make_table
+from tests.configs.test_experiments import load
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 TOKENS_PER_STEP = 491_520
@@ -493,3 +495,39 @@ def test_a_table_written_over_an_existing_file_says_it_replaced_it(paper_runs, t
     main([str(paper_runs / "*"), "--target-loss", "3.3"])  # its own file: the table above stays
     assert caplog.records[-1].getMessage() == f"wrote {paper_runs / 'val_loss_table_target_3.3.md'}"
     assert "### Tokens" not in out.read_text()
+
+
+C4_TOKENS_PER_STEP = 512 * 256
+
+
+def test_c4_runs_show_their_perplexity_at_the_best_evaluation_beside_galores_full_rank_baseline(tmp_path, make_run):
+    adamw = ["experiment=c4-llama-60m-adamw"]
+    # evaluated at steps 0, 5,000 and 10,000: the best after step 0 is step 5,000's, not the last
+    make_run(tmp_path / "adamw-seed0", adamw, [10.4, 3.50, 3.55], C4_TOKENS_PER_STEP)
+    make_run(tmp_path / "adamw-seed1", [*adamw, "train.seed=1"], [10.4, 3.56, 3.54], C4_TOKENS_PER_STEP)
+    make_run(tmp_path / "muon", ["experiment=c4-llama-60m-muon"], [10.4, 3.40, 3.30], C4_TOKENS_PER_STEP)
+    table = make_table(load_runs([str(tmp_path)]))
+    rows = table_rows(table, "### C4: validation perplexity, ours / literature (difference)")
+    assert rows["optimizer"] == ["LLaMA 60m, 1.31B tokens (10,000 steps)"]
+    ours = math.exp(statistics.fmean([3.50, 3.54]))  # each seed's best, averaged as losses
+    assert rows["AdamW"] == [f"{ours:.2f} / 34.06 ({ours - 34.06:+.2f})"]
+    assert rows["Muon"] == [f"{math.exp(3.30):.2f}"]  # nobody published Muon there
+    assert "GaLore, ICML 2024 (arXiv 2403.03507v2), Table 2, row Full-Rank" in table
+    assert "### C4: best validation loss" not in table  # the loss stays in the table of every setting
+
+
+def test_a_c4_run_of_other_steps_than_galores_shows_no_literature_figure(tmp_path, make_run):
+    make_run(tmp_path / "short", ["experiment=c4-llama-60m-adamw", "train.max_iters=5000", "train.warmup_iters=500"],
+             [10.4, 3.9, 3.7], C4_TOKENS_PER_STEP)
+    rows = table_rows(make_table(load_runs([str(tmp_path)])), "### C4: validation perplexity")
+    assert rows["optimizer"] == ["LLaMA 60m, 655M tokens (5,000 steps)"]
+    assert rows["AdamW"] == [f"{math.exp(3.7):.2f}"]
+
+
+def test_literature_numbers_are_galores_table_2_at_its_scripts_steps():
+    assert LITERATURE_PERPLEXITY == {("c4", "llama-60m", 10_000): {"adamw": 34.06},
+                                     ("c4", "llama-130m", 20_000): {"adamw": 25.08},
+                                     ("c4", "llama-350m", 60_000): {"adamw": 18.80},
+                                     ("c4", "llama-1b", 100_000): {"adamw": 15.56}}
+    for (_, model, steps), _ in LITERATURE_PERPLEXITY.items():
+        assert load(f"experiment=c4-{model}-adamw").train.max_iters == steps
