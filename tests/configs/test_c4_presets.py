@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 
+from configs.compose import validate
 from configs.schema import EvalSampling, LrSchedule
 from tests.configs.test_experiments import CONFIG_DIR, PRESETS as GPT2_PRESETS, load
 from training.schedule import learning_rate
@@ -54,6 +55,7 @@ def test_preset_runs_galores_loop_for_its_size(name):
     parts = NAME.fullmatch(name)
     galore = GALORE[parts["size"]]
     cfg = load(f"experiment={name}")
+    validate(cfg)  # the trainer takes it as it is
     m, t, o = cfg.model, cfg.train, cfg.optimizer
     assert (m.arch, m.n_layer, m.n_head, m.n_embd, m.intermediate_size) == ("llama", *galore["shape"])
     assert (cfg.data.name, t.block_size, t.global_batch_size) == ("c4", MAX_LENGTH, TOTAL_BATCH)
