@@ -105,6 +105,9 @@ def validate(cfg) -> None:
     require(t.hellaswag_interval >= 0, f"train.hellaswag_interval must be >= 0 (0: none), got {t.hellaswag_interval}")
     require(t.hellaswag_items is None or t.hellaswag_items > 0,
             f"train.hellaswag_items must be positive or null (all), got {t.hellaswag_items}")
+    require(not (t.hellaswag_interval and cfg.data.name == "c4"),
+            "train.hellaswag_interval: HellaSwag is scored in GPT-2's tokens, and data=c4's are t5-base's: set "
+            "train.hellaswag_interval=0 (C4 runs compare by val/perplexity)")
     require(t.loss_chunk_size >= 0, f"train.loss_chunk_size must be >= 0 tokens (0: the plain loss), got "
             f"{t.loss_chunk_size}")
     require(t.compile_mode in COMPILE_MODES,

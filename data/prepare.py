@@ -662,8 +662,8 @@ def main(argv: list[str] | None = None) -> None:
                                  "c4, whose split is GaLore's and whose tokenizer runs on its own threads (data/c4.py)")
             out = args.out or default_directory(HUB_CORPORA["c4"])
             prepare_c4(out, local=args.local, tokenizer=args.tokenizer, train_documents=args.train_documents,
-                       val_tokens=c4.VAL_TOKENS if args.val_tokens is None else args.val_tokens, shard_size=args.shard_size,
-                       command=rerun_command(argv), overwrite=args.overwrite)
+                       val_tokens=c4.VAL_TOKENS if args.val_tokens is None else args.val_tokens,
+                       shard_size=args.shard_size, command=rerun_command(argv), overwrite=args.overwrite)
             return
         else:
             corpus = HUB_CORPORA[args.source]

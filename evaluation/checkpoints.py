@@ -20,9 +20,11 @@ from training.metrics import read_metrics
 LIVE_RUN_READS = 5
 
 
-def load_model(checkpoint: Path, device: torch.device = torch.device("cpu")) -> tuple[nn.Module, Path]:
+def load_model(checkpoint: Path, device: torch.device = torch.device("cpu"),
+               gpt2_text_for: str | None = None) -> tuple[nn.Module, Path]:
     """The model of a train.py checkpoint file or run directory (its newest loadable one), on ``device`` in eval
-    mode, and the checkpoint file it came from."""
+    mode, and the checkpoint file it came from. ``gpt2_text_for`` names what will feed it text in GPT-2's tokens
+    (sampling, HellaSwag), which a model of other tokens is refused."""
     checkpoint = Path(checkpoint)
     if not checkpoint.exists():
         raise FileNotFoundError(f"{checkpoint} does not exist: pass a run directory of train.py or one of its "
@@ -51,7 +53,18 @@ def load_model(checkpoint: Path, device: torch.device = torch.device("cpu")) -> 
                              "of the file") from None
         except OSError as err:
             raise ValueError(f"could not read {checkpoint}: {_one_line(err)}") from None
-    return model_from_state(state, checkpoint).to(device), checkpoint
+    model = model_from_state(state, checkpoint)
+    if gpt2_text_for:
+        refuse_other_tokens(state, checkpoint, gpt2_text_for)
+    return model.to(device), checkpoint
+
+
+def refuse_other_tokens(state: dict, checkpoint: Path, tool: str) -> None:
+    """A model trained on data=c4 reads t5-base's ids: text in GPT-2's would be other words to it."""
+    if (state["config"].get("data") or {}).get("name") == "c4":
+        raise ValueError(f"{checkpoint} was trained on data=c4, whose tokens are t5-base's; {tool} encodes text "
+                         "with GPT-2's tokenizer, which that model cannot read: compare it by its validation "
+                         "perplexity (docs/c4.md)")
 
 
 def newest_checkpoint(run_dir: Path, device: torch.device) -> tuple[Path, dict] | None:

@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     from reporting.run_labels import display_model
 
     try:
-        model, checkpoint = load_model(args.checkpoint)
+        model, checkpoint = load_model(args.checkpoint, gpt2_text_for="the downstream suite")
         task_manager = task_manager_for(tasks, args.include_path)
         check_task_data(tasks, task_manager)  # before anything is written: no network leaves --out as it was
         # out/hf is this command's own copy, rewritten by each evaluation

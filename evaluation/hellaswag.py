@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
                 raise FileNotFoundError(f"{data} does not exist: pass --download to fetch the validation file "
                                         "(needs network), or --data FILE")
             download_val(data)
-        model, checkpoint = load_model(args.checkpoint, args.device)
+        model, checkpoint = load_model(args.checkpoint, args.device, gpt2_text_for="HellaSwag")
         autocast = autocast_context(args.device, resolve_dtype(Precision.auto, args.device))
         scores = evaluate_hellaswag(model, load_items(data, args.limit), args.device, autocast, args.batch_size,
                                     max_length=model.config.block_size)

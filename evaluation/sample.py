@@ -59,7 +59,7 @@ def sample(checkpoint: Path, prompt: str, max_new_tokens: int, temperature: floa
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     device = resolve_device(device)
-    model, _ = load_model(Path(checkpoint), device)
+    model, _ = load_model(Path(checkpoint), device, gpt2_text_for="sampling")
     encoding = gpt2_encoding()
     tokens = encoding.encode(prompt, allowed_special={"<|endoftext|>"}) or [GPT2_EOT_TOKEN]
     idx = torch.tensor([tokens] * num_samples, dtype=torch.long, device=device)

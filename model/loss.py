@@ -99,7 +99,8 @@ def _chunked_loss_and_grads(hidden, weight, targets, chunk_size, compute_dtype, 
         if not (grad_of_hidden or grad_of_weight):
             continue
         # d mean / d logits = (softmax - onehot) / n_scored (0 for an ignored target), in float32, then in the
-        # compute dtype as autograd hands it to the matrix products. In place: the float32 logits are not needed any more.
+        # compute dtype as autograd hands it to the matrix products. In place: the float32 logits are not needed
+        # any more.
         grad_logits = logits.sub_(log_normaliser.unsqueeze(1)).exp_()
         grad_logits[torch.arange(len(targets_chunk), device=hidden.device), targets_chunk] -= 1.0
         grad_logits = grad_logits.mul_(torch.where(scored_chunk, inverse_n, 0.0).unsqueeze(1)).to(compute_dtype)

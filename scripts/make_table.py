@@ -9,8 +9,8 @@ and ``.hydra/config.yaml``. Optionally reads wandb CSV exports of a ``val/loss``
 presets in configs/experiment/ set as wandb.run_name). Runs that differ only in the seed are averaged; among
 the settings of one optimizer (a sweep), the best is reported. The first table has the paper's layout, one per
 corpus, each cell ``ours / paper (ours - paper)`` (on C4, in validation perplexity beside the full-rank Adam
-baseline of GaLore's Table 2, for runs of its LLaMA sizes and steps: ``LITERATURE_PERPLEXITY``); the second lists every setting, its final val loss beside its
-best (the step-0 evaluation of the untrained model is never a best). A figure that includes a run
+baseline of GaLore's Table 2, for runs of its LLaMA sizes and steps: ``LITERATURE_PERPLEXITY``); the second lists
+every setting, its final val loss beside its best (the step-0 evaluation of the untrained model is never a best). A figure that includes a run
 whose last logged step is short of its max_iters (preempted and never resumed, killed, still running) is marked
 ``*``, and the legend and the runs column say where each such run stopped. A sweep point that was refused,
 diverged or failed (``failure.json``) has a row of its own marked failed, with its reason; two runs of one

@@ -111,3 +111,11 @@ def test_mars_and_muon_take_the_mars_papers_settings_for_the_gpt2_size_of_neares
     keys = (("lr", "lr_1d", "betas", "gamma", "is_approx", "optimize_1d", "betas_1d") if optimizer == "mars-approx"
             else ("lr", "adamw_lr", "momentum", "nesterov", "ns_steps", "adamw_betas"))
     assert {key: ours.optimizer[key] for key in keys} == {key: theirs[key] for key in keys}
+
+
+def test_hellaswag_during_a_c4_run_is_refused_in_one_line():
+    # HellaSwag is scored in GPT-2's tokens; a C4 model reads t5-base's
+    cfg = load("experiment=c4-llama-60m-adamw", "train.hellaswag_interval=1000")
+    with pytest.raises(ValueError, match=r"^train\.hellaswag_interval: HellaSwag is scored in GPT-2's tokens, and "
+                                         r"data=c4's are t5-base's: set train\.hellaswag_interval=0"):
+        validate(cfg)

@@ -274,6 +274,12 @@ def test_a_llama_run_on_c4_logs_its_perplexity_and_two_ranks_score_and_train_as_
     # the same rows, in the same order, make each step on one process and on two ranks
     for key in ("train/loss", "val/loss"):
         assert [r[key] for r in one if key in r] == pytest.approx([r[key] for r in two if key in r], rel=1e-5)
+    # its tokens are t5-base's: what encodes text with GPT-2's tokenizer refuses it in one line
+    from evaluation.sample import sample
+
+    with pytest.raises(ValueError, match=r"was trained on data=c4, whose tokens are t5-base's; sampling encodes "
+                                         r"text with GPT-2's tokenizer"):
+        sample(tmp_path / "one", "To be", max_new_tokens=2, temperature=1.0, top_k=None, seed=0)
 
 
 def test_a_batch_of_one_row_keeps_its_padding_in_the_input(prepared):
