@@ -274,6 +274,14 @@ def test_a_llama_run_on_c4_logs_its_perplexity_and_two_ranks_score_and_train_as_
     # the same rows, in the same order, make each step on one process and on two ranks
     for key in ("train/loss", "val/loss"):
         assert [r[key] for r in one if key in r] == pytest.approx([r[key] for r in two if key in r], rel=1e-5)
+    # make_table gives the run's perplexity at its best evaluation after step 0 (no literature figure: 4 steps)
+    from reporting.run_selection import load_runs
+    from scripts.make_table import make_table
+    from tests.scripts.test_make_table import table_rows
+
+    rows = table_rows(make_table(load_runs([str(tmp_path / "one")])), "### C4: validation perplexity")
+    best = min(r["val/loss"] for r in evaluations if r["step"] > 0)
+    assert list(rows.values())[-1] == [f"{math.exp(best):.2f}"]
     # its tokens are t5-base's: what encodes text with GPT-2's tokenizer refuses it in one line
     from evaluation.sample import sample
 
