@@ -380,13 +380,13 @@ def srun_ranks(tmp_path, overrides_of_rank, timeout_s: int) -> list[subprocess.C
 @pytest.mark.slow
 def test_data_no_rank_can_use_is_told_once_and_data_one_rank_lacks_stops_the_other_rank_too(tmp_path, corpus):
     timeout_s = 300
-    edit_manifest(corpus, lambda m: m.update(vocab_size=60_000))  # more than model.vocab_size: every rank's fault
+    edit_manifest(corpus, lambda m: m.update(max_token_id=60_000))  # past model.vocab_size: every rank's fault
     started = time.monotonic()
     ranks = srun_ranks(tmp_path / "alike", [[f"data.dir={corpus}"]] * 2, timeout_s)
     outputs = [(rank.stdout, rank.stderr) for rank in ranks]
     output = "".join(out + err for out, err in outputs)
     assert [rank.returncode != 0 for rank in ranks] == [True, True] and "Traceback" not in output, output
-    assert output.count("(vocabulary 60000) but model.vocab_size is") == 1, output  # told once, by rank 0
+    assert output.count("token ids up to 60000, but model.vocab_size is") == 1, output  # told once, by rank 0
     # A directory only rank 1 lacks (a node without the shared file system): rank 0 stops too, naming rank 1's fault.
     ranks = srun_ranks(tmp_path / "one", [[], [f"data.dir={tmp_path / 'not-mounted'}"]], timeout_s)
     outputs = [(rank.stdout, rank.stderr) for rank in ranks]
