@@ -24,6 +24,7 @@ from configs.schema import Draws, grad_accum_steps_for, lr_decay_end
 from configs.user_dirs import ConfigSyntaxError, refuse_config_syntax_errors
 from data.corpora import take_data_dir_as_custom
 from data.loader import TokenBatches, build_batches, draw_as_the_authors
+from data.shards import reads_gpt2_tokens
 from model import build_model, model_config
 from training import memory
 from training.distributed import (DistributedContext, all_gather_objects, distributed_session, stop_with_message,
@@ -116,7 +117,7 @@ def train_loop(cfg: DictConfig, run_dir: Path, ctx: DistributedContext, preempti
     lookahead = getattr(local_optimizer(optimizer), "needs_lookahead_grad", False)
 
     checkpoints = RunCheckpoints(run_dir, model, optimizer, train_batches.draws, config_dict, data_read,
-                                 metrics.wandb_run_id, t.keep_checkpoints, lock, ctx)
+                                 train_batches.tokens.tokenizer, metrics.wandb_run_id, t.keep_checkpoints, lock, ctx)
     stopped = False
     if not progress.checkpoint:  # a run stopped during its step-0 evaluation resumes with that evaluation logged
         evaluate(train_model, optimizer, train_batches, val_batches, 0, progress, metrics, watch, t, autocast, ctx)
@@ -226,6 +227,10 @@ def load_data(cfg: DictConfig, ctx: DistributedContext) -> tuple[TokenBatches, T
     # Validation windows do not depend on train.seed, so seeds of one setting are scored on the same text.
     train, val = on_every_rank_alike(lambda: (build_batches(cfg.data, "train", **batch_args),
                                               build_batches(cfg.data, "val", **{**batch_args, "seed": VAL_SEED})), ctx)
+    tokenizer = train.tokens.tokenizer
+    if t.hellaswag_interval and not reads_gpt2_tokens(tokenizer):  # data=c4 is refused at compose; this, any corpus
+        raise ValueError(f"train.hellaswag_interval: HellaSwag is scored in GPT-2's tokens, and those of "
+                         f"{train.tokens.paths[0].parent} are {tokenizer['name']}'s: set train.hellaswag_interval=0")
     if cfg.data.draws == Draws.authors:
         ahead = optimizer_entry(cfg.optimizer.name).authors_batches_ahead(t.grad_accum_steps)
         draw_as_the_authors(train, val, ahead=ahead, eval_interval=t.eval_interval, seed=t.seed + ctx.rank)

@@ -41,7 +41,8 @@ from configs.schema import Sampling
 from data.authors_draws import AuthorsDraws
 from data.corpora import HUB_CORPORA, default_directory, prepare_command
 from data.embedded import prepare_embedded
-from data.shards import MANIFEST_FILE, RowLayout, ShardError, ShardFiles, read_manifest, unreadable_as_shard_error
+from data.shards import (MANIFEST_FILE, RowLayout, ShardError, ShardFiles, corpus_tokenizer, read_manifest,
+                         unreadable_as_shard_error)
 from model.loss import IGNORED_TARGET
 
 log = logging.getLogger(__name__)
@@ -107,9 +108,11 @@ class ShardedTokens:
     """The shards of one split read as one token stream, without copying them into memory."""
 
     def __init__(self, shards: Sequence[np.ndarray], paths: list[Path] | None = None,
-                 source: str | None = None, fingerprint: str | None = None, rows: RowLayout | None = None) -> None:
+                 source: str | None = None, fingerprint: str | None = None, rows: RowLayout | None = None,
+                 tokenizer: dict | None = None) -> None:
         self.shards = shards
         self.rows = rows  # a corpus of padded document rows (C4), or None: one stream of text
+        self.tokenizer = tokenizer  # whose ids these are (data.shards.corpus_tokenizer; None: GPT-2's)
         self.paths = paths or []
         self.source = source  # what the shards were made from, as their manifest says (None without one)
         self.fingerprint = fingerprint  # see corpus_fingerprint (None in memory)
@@ -215,7 +218,7 @@ def load_split(data_dir: Path, split: str, vocab_size: int) -> ShardedTokens:
             raise ShardError(f"{path} holds {length} tokens, not whole rows of {rows.tokens} as {MANIFEST_FILE} "
                              "says: prepare the corpus again")
     return ShardedTokens(shards, paths, source_label(manifest.get("source")) if manifest else None,
-                         corpus_fingerprint(shards, manifest), rows)
+                         corpus_fingerprint(shards, manifest), rows, corpus_tokenizer(manifest))
 
 
 def corpus_fingerprint(shards: ShardFiles, manifest: dict | None) -> str:

@@ -52,6 +52,22 @@ class RowLayout:
         return {"tokens": self.tokens, "pad_token": self.pad_token}
 
 
+GPT2_TOKENIZER = "gpt2"  # the manifest's name of GPT-2's tokenizer (data.prepare's text corpora, the embedded one)
+
+
+def corpus_tokenizer(manifest: dict | None) -> dict | None:
+    """Whose token ids a corpus holds, as its manifest says: the tokenizer's name and the fingerprint of its
+    vocabulary (C4's; None for GPT-2's, which ships with data/). None without a manifest: GPT-2's is assumed."""
+    if manifest is None:
+        return None
+    return {"name": manifest["tokenizer"], "fingerprint": manifest.get("tokenizer_fingerprint")}
+
+
+def reads_gpt2_tokens(tokenizer: dict | None) -> bool:
+    """Whether a corpus (or a model trained on it) of this ``corpus_tokenizer`` record is in GPT-2's tokens."""
+    return tokenizer is None or tokenizer["name"] == GPT2_TOKENIZER
+
+
 class ShardError(ValueError):
     """A shard file that is not a valid token shard; the message names the file and what is wrong."""
 

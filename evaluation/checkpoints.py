@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from data.c4 import TOKENIZER as C4_TOKENIZER
+from data.shards import reads_gpt2_tokens
 from model import build_model, model_config
 from training.checkpoint import (CHECKPOINT_NAME, CheckpointReadError, CorruptCheckpoint, UnreadableCheckpoints,
                                  checkpoint_dir, checkpoint_step, latest_checkpoint, load_checkpoint)
@@ -25,6 +27,17 @@ def load_model(checkpoint: Path, device: torch.device = torch.device("cpu"),
     """The model of a train.py checkpoint file or run directory (its newest loadable one), on ``device`` in eval
     mode, and the checkpoint file it came from. ``gpt2_text_for`` names what will feed it text in GPT-2's tokens
     (sampling, HellaSwag), which a model of other tokens is refused."""
+    model, checkpoint, tokenizer = load_model_and_tokenizer(checkpoint, device)
+    if gpt2_text_for and not reads_gpt2_tokens(tokenizer):
+        raise ValueError(f"{checkpoint} was trained on the tokens of {tokenizer['name']}; {gpt2_text_for} encodes "
+                         "text with GPT-2's tokenizer, which that model cannot read: compare it by its validation "
+                         "perplexity (docs/c4.md)")
+    return model, checkpoint
+
+
+def load_model_and_tokenizer(checkpoint: Path, device: torch.device = torch.device("cpu"),
+                             ) -> tuple[nn.Module, Path, dict | None]:
+    """``load_model``'s model and checkpoint file, and whose token ids the model read (``trained_tokenizer``)."""
     checkpoint = Path(checkpoint)
     if not checkpoint.exists():
         raise FileNotFoundError(f"{checkpoint} does not exist: pass a run directory of train.py or one of its "
@@ -54,17 +67,18 @@ def load_model(checkpoint: Path, device: torch.device = torch.device("cpu"),
         except OSError as err:
             raise ValueError(f"could not read {checkpoint}: {_one_line(err)}") from None
     model = model_from_state(state, checkpoint)
-    if gpt2_text_for:
-        refuse_other_tokens(state, checkpoint, gpt2_text_for)
-    return model.to(device), checkpoint
+    return model.to(device), checkpoint, trained_tokenizer(state)
 
 
-def refuse_other_tokens(state: dict, checkpoint: Path, tool: str) -> None:
-    """A model trained on data=c4 reads t5-base's ids: text in GPT-2's would be other words to it."""
+def trained_tokenizer(state: dict) -> dict | None:
+    """Whose token ids the checkpoint's model read, as its run recorded them from the corpus's manifest
+    (``data.shards.corpus_tokenizer``; None: GPT-2's). A checkpoint from before that record: t5-base's for
+    data=c4 (the only corpus of other tokens then), GPT-2's otherwise."""
+    if "tokenizer" in state:
+        return state["tokenizer"]
     if (state["config"].get("data") or {}).get("name") == "c4":
-        raise ValueError(f"{checkpoint} was trained on data=c4, whose tokens are t5-base's; {tool} encodes text "
-                         "with GPT-2's tokenizer, which that model cannot read: compare it by its validation "
-                         "perplexity (docs/c4.md)")
+        return {"name": C4_TOKENIZER, "fingerprint": None}
+    return None
 
 
 def newest_checkpoint(run_dir: Path, device: torch.device) -> tuple[Path, dict] | None:

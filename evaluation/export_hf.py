@@ -55,6 +55,14 @@ its bytes over the lower ranks, which yields GPT-2's 50,000 merges in their orde
 token. It encodes every text to tiktoken's ids, with ``<|endoftext|>`` in a text read as the special token
 (tiktoken's ``encode(text, allowed_special="all")``).
 
+A model trained on other tokens (data=c4: t5-base's, as its checkpoint records from the corpus's manifest) ships
+with the tokenizer its corpus was prepared with instead, named by ``--tokenizer`` (``t5-base`` from the local
+Hugging Face cache, where preparing C4 left it, or a saved copy's directory) and refused unless its vocabulary is
+the one the manifest fingerprinted; without ``--tokenizer`` the export is refused rather than shipping GPT-2's,
+which would turn text into other ids. The config's special ids are then that tokenizer's (t5-base: no bos,
+``</s>`` 1, ``<pad>`` 0). t5-base has 32,100 ids and GaLore's LLaMA embeds 32,000: the 100 above it are the
+``<extra_id_N>`` sentinels, which a text yields only by spelling them out.
+
 The weights are written as they are stored in the checkpoint (float32), whatever precision the run trained in.
 ``training_source.json`` beside them says where they come from: the checkpoint, its step, and the launches of
 the run that trained it (each with its git commit and the patch of any uncommitted change, as train.py logged).
@@ -71,7 +79,9 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.utils.logging import disable_progress_bar
 
 from data.tokenizer import GPT2_EOT_TOKEN, GPT2_RANKS_FILE
-from evaluation.checkpoints import checkpoint_source, load_model
+from data.c4 import load_tokenizer, tokenizer_fingerprint
+from data.shards import reads_gpt2_tokens
+from evaluation.checkpoints import checkpoint_source, load_model_and_tokenizer
 from model import GPT, GPTConfig, Llama, LlamaConfig
 from reporting import arguments
 from training.atomic import atomic_directory
@@ -82,10 +92,12 @@ HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}  # GPTConfig
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 EOT_TEXT = "<|endoftext|>"
 SOURCE_FILE = "training_source.json"  # which checkpoint, step and code the exported weights come from
+GPT2_SPECIAL_IDS = {"bos_token_id": GPT2_EOT_TOKEN, "eos_token_id": GPT2_EOT_TOKEN}  # nothing is prepended to a text
 
 
-def hf_config(config: GPTConfig) -> GPT2Config:
-    """The ``GPT2Config`` of a ``GPTConfig``: the same network, option by option (see the module docstring)."""
+def hf_config(config: GPTConfig, special_ids: dict = GPT2_SPECIAL_IDS) -> GPT2Config:
+    """The ``GPT2Config`` of a ``GPTConfig``: the same network, option by option (see the module docstring), and
+    the special tokens' ids (``special_ids``) of the tokenizer it is shipped with."""
     if config.activation not in HF_ACTIVATIONS:
         raise ValueError(f"activation {config.activation!r} has no Hugging Face GPT-2 equivalent here "
                          f"(known: {', '.join(HF_ACTIVATIONS)}): add it to HF_ACTIVATIONS in {__name__}")
@@ -105,13 +117,13 @@ def hf_config(config: GPTConfig) -> GPT2Config:
         scale_attn_by_inverse_layer_idx=config.scale_attn_by_inverse_layer_idx,
         reorder_and_upcast_attn=False,
         tie_word_embeddings=True,
-        bos_token_id=GPT2_EOT_TOKEN,
-        eos_token_id=GPT2_EOT_TOKEN,
+        **special_ids,
     )
 
 
-def hf_llama_config(config: LlamaConfig) -> HFLlamaConfig:
-    """The ``LlamaConfig`` of transformers of our ``model.LlamaConfig``: the same network (see the module docstring)."""
+def hf_llama_config(config: LlamaConfig, special_ids: dict = GPT2_SPECIAL_IDS) -> HFLlamaConfig:
+    """The ``LlamaConfig`` of transformers of our ``model.LlamaConfig``: the same network (see the module docstring),
+    and the special tokens' ids (``special_ids``)."""
     return HFLlamaConfig(
         vocab_size=config.vocab_size,
         hidden_size=config.n_embd,
@@ -127,14 +139,13 @@ def hf_llama_config(config: LlamaConfig) -> HFLlamaConfig:
         mlp_bias=False,
         attention_dropout=0.0,
         tie_word_embeddings=config.tie_embeddings,
-        bos_token_id=GPT2_EOT_TOKEN,
-        eos_token_id=GPT2_EOT_TOKEN,
+        **special_ids,
     )
 
 
-def hf_llama_model(model: Llama) -> LlamaForCausalLM:
+def hf_llama_model(model: Llama, special_ids: dict = GPT2_SPECIAL_IDS) -> LlamaForCausalLM:
     """A ``LlamaForCausalLM`` with ``model``'s weights, in eval mode."""
-    exported = LlamaForCausalLM(hf_llama_config(model.config))
+    exported = LlamaForCausalLM(hf_llama_config(model.config, special_ids))
     exported.load_state_dict({name if name.startswith("lm_head.") else f"model.{name}": tensor
                               for name, tensor in model.state_dict().items()}, strict=True)
     if model.config.tie_embeddings:
@@ -142,12 +153,12 @@ def hf_llama_model(model: Llama) -> LlamaForCausalLM:
     return exported.eval()
 
 
-def hf_model(model: GPT | Llama) -> GPT2LMHeadModel | LlamaForCausalLM:
+def hf_model(model: GPT | Llama, special_ids: dict = GPT2_SPECIAL_IDS) -> GPT2LMHeadModel | LlamaForCausalLM:
     """A ``GPT2LMHeadModel`` with ``model``'s weights (Conv1D ones transposed, absent biases as zeros), in eval mode;
     a ``LlamaForCausalLM`` of a ``model.Llama``."""
     if isinstance(model, Llama):
-        return hf_llama_model(model)
-    config = hf_config(model.config)
+        return hf_llama_model(model, special_ids)
+    config = hf_config(model.config, special_ids)
     exported = GPT2LMHeadModel(config)
     weights = {name: tensor.t() if name.endswith(CONV1D_WEIGHTS) else tensor
                for name, tensor in model.state_dict().items()}
@@ -200,10 +211,12 @@ def gpt2_tokenizer(model_max_length: int) -> GPT2Tokenizer:
     return tokenizer
 
 
-def save_hf(model: GPT | Llama, out: Path, source: dict | None = None, overwrite: bool = False) -> Path:
-    """Write ``model`` and GPT-2's tokenizer to the directory ``out`` (created if needed) in Hugging Face format,
-    and ``source`` (:func:`evaluation.checkpoints.checkpoint_source`) as ``SOURCE_FILE`` beside them. A directory
-    that holds anything is refused unless ``overwrite``: its files would be replaced or mixed with the export's.
+def save_hf(model: GPT | Llama, out: Path, source: dict | None = None, overwrite: bool = False,
+            tokenizer=None) -> Path:
+    """Write ``model`` and its tokenizer (``tokenizer``, a ``transformers`` one; None: GPT-2's) to the directory
+    ``out`` (created if needed) in Hugging Face format, and ``source``
+    (:func:`evaluation.checkpoints.checkpoint_source`) as ``SOURCE_FILE`` beside them. A directory that holds
+    anything is refused unless ``overwrite``: its files would be replaced or mixed with the export's.
 
     The files are written aside and moved into ``out`` once all are (``training.atomic.atomic_directory``): an
     export interrupted or failed on the way (Ctrl-C, a full disk) leaves ``out`` as it was, never a model without
@@ -216,10 +229,13 @@ def save_hf(model: GPT | Llama, out: Path, source: dict | None = None, overwrite
         raise ValueError(f"--out {out} is not empty (it holds {held[0].name}"
                          f"{f' and {len(held) - 1} more' if len(held) > 1 else ''}): pass a new or empty directory, "
                          "or --overwrite to write the export over what it holds")
-    exported = hf_model(model)  # before writing anything: a config HF cannot express leaves no half export
+    special_ids = GPT2_SPECIAL_IDS if tokenizer is None else {
+        "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id}
+    exported = hf_model(model, special_ids)  # before writing anything: a config HF cannot express leaves no half export
     with atomic_directory(out) as staging:
         exported.save_pretrained(staging)
-        gpt2_tokenizer(model.config.block_size).save_pretrained(staging)
+        (tokenizer or gpt2_tokenizer(model.config.block_size)).save_pretrained(staging)
         for weights in staging.glob("*.safetensors"):  # safetensors creates its files 0600, whatever the umask
             shutil.copymode(staging / "config.json", weights)
         if source is not None:
@@ -227,10 +243,41 @@ def save_hf(model: GPT | Llama, out: Path, source: dict | None = None, overwrite
     return out
 
 
-def export(checkpoint: Path, out: Path, overwrite: bool = False) -> Path:
-    """Export a train.py checkpoint file, or a run directory's newest checkpoint, to ``out``; returns ``out``."""
-    model, checkpoint = load_model(checkpoint)
-    return save_hf(model, out, checkpoint_source(checkpoint), overwrite)
+def export(checkpoint: Path, out: Path, overwrite: bool = False, tokenizer: str | None = None) -> Path:
+    """Export a train.py checkpoint file, or a run directory's newest checkpoint, to ``out``; returns ``out``.
+    ``tokenizer``: for a model of other tokens than GPT-2's, the tokenizer its corpus was prepared with
+    (``shipped_tokenizer``)."""
+    return export_checkpoint(checkpoint, out, overwrite, tokenizer)[0]
+
+
+def export_checkpoint(checkpoint: Path, out: Path, overwrite: bool, tokenizer: str | None) -> tuple[Path, Path]:
+    """``export``'s, returning ``out`` and the checkpoint file exported (a run directory's newest)."""
+    model, checkpoint, trained = load_model_and_tokenizer(checkpoint)
+    shipped = shipped_tokenizer(trained, tokenizer, checkpoint, model.config.block_size)
+    return save_hf(model, out, checkpoint_source(checkpoint), overwrite, shipped), checkpoint
+
+
+def shipped_tokenizer(trained: dict | None, name: str | None, checkpoint: Path, block_size: int):
+    """The tokenizer to ship with a model that read ``trained``'s tokens
+    (:func:`evaluation.checkpoints.trained_tokenizer`): None for GPT-2's, which is built here; otherwise ``name``
+    (a Hub id in the local cache, or a saved tokenizer's directory), refused unless its vocabulary is the one the
+    corpus was prepared with (the manifest's fingerprint)."""
+    if reads_gpt2_tokens(trained):
+        if name is not None:
+            raise ValueError(f"{checkpoint} was trained on GPT-2's tokens, whose tokenizer the export builds itself: "
+                             f"drop --tokenizer {name}")
+        return None
+    if name is None:
+        raise ValueError(f"{checkpoint} was trained on the tokens of {trained['name']}, not GPT-2's: pass "
+                         f"--tokenizer {trained['name']} (or a saved copy's directory) for the export to ship it")
+    tokenizer = load_tokenizer(name)
+    found = tokenizer_fingerprint(tokenizer)
+    if trained["fingerprint"] not in (None, found):
+        raise ValueError(f"--tokenizer {name} is not the one {checkpoint}'s corpus was prepared with (its vocabulary's "
+                         f"fingerprint is {found}, the corpus's {trained['fingerprint']}): pass that one, "
+                         f"{trained['name']}")
+    tokenizer.model_max_length = block_size
+    return tokenizer
 
 
 def _parser() -> arguments.OneLineParser:
@@ -239,6 +286,9 @@ def _parser() -> arguments.OneLineParser:
                         help="a checkpoint written by train.py, or a run directory (its newest checkpoint)")
     parser.add_argument("--out", type=Path, required=True, help="directory to write the Hugging Face model to")
     parser.add_argument("--overwrite", action="store_true", help="write into --out even if it holds files")
+    parser.add_argument("--tokenizer", help="for a model trained on other tokens than GPT-2's (data=c4): the "
+                        "tokenizer its corpus was prepared with, by name (t5-base, from the local Hugging Face "
+                        "cache) or a saved copy's directory; checked against the corpus's manifest")
     return parser
 
 
@@ -246,8 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     disable_progress_bar()  # the command prints one line: what it wrote, or why it could not
     try:
-        model, checkpoint = load_model(args.checkpoint)
-        out = save_hf(model, args.out, checkpoint_source(checkpoint), args.overwrite)
+        out, checkpoint = export_checkpoint(args.checkpoint, args.out, args.overwrite, args.tokenizer)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
     except OSError as err:  # a read-only or full --out

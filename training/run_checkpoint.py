@@ -28,6 +28,7 @@ class RunCheckpoints:
     draws: AuthorsDraws | None
     config: dict
     data_read: dict
+    tokenizer: dict | None  # whose ids the model reads (data.shards.corpus_tokenizer): what evaluates it checks
     wandb_run_id: str | None
     keep: int
     lock: RunDirectoryLock
@@ -50,7 +51,7 @@ class RunCheckpoints:
         if ctx.is_main:
             state = {"model": self.model.state_dict(), "optimizer": optimizer_state, "step": step,
                      "tokens": progress.tokens, "rng": rng_states, "config": self.config, "data": self.data_read,
-                     "wandb_run_id": self.wandb_run_id, "skipped_steps": skipped_steps}
+                     "tokenizer": self.tokenizer, "wandb_run_id": self.wandb_run_id, "skipped_steps": skipped_steps}
             if draw_states:
                 state["authors_draws"] = draw_states
             if eval_model is not None:

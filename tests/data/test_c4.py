@@ -13,7 +13,7 @@ from data import c4
 from data import prepare as prepare_module
 from data.loader import TokenBatches, load_split
 from data.prepare import main as prepare_main
-from data.shards import read_manifest, read_shard
+from data.shards import corpus_tokenizer, read_manifest, read_shard
 from model import Llama, LlamaConfig
 from model.loss import IGNORED_TARGET
 from tests.data.c4_layout import c4_copy, c4_documents, t5_like_tokenizer
@@ -285,9 +285,14 @@ def test_a_llama_run_on_c4_logs_its_perplexity_and_two_ranks_score_and_train_as_
     # its tokens are t5-base's: what encodes text with GPT-2's tokenizer refuses it in one line
     from evaluation.sample import sample
 
-    with pytest.raises(ValueError, match=r"was trained on data=c4, whose tokens are t5-base's; sampling encodes "
-                                         r"text with GPT-2's tokenizer"):
+    with pytest.raises(ValueError, match=r"was trained on the tokens of .*tokenizer; sampling encodes text with "
+                                         r"GPT-2's tokenizer"):
         sample(tmp_path / "one", "To be", max_new_tokens=2, temperature=1.0, top_k=None, seed=0)
+    # what refuses it reads the checkpoint's record of the corpus's tokenizer (c4_checkpoint's, below)
+    from training.checkpoint import latest_checkpoint
+
+    _, state = latest_checkpoint(tmp_path / "one", torch.device("cpu"))
+    assert state["tokenizer"] == corpus_tokenizer(read_manifest(prepared))
 
 
 def test_a_batch_of_one_row_keeps_its_padding_in_the_input(prepared):
@@ -295,3 +300,105 @@ def test_a_batch_of_one_row_keeps_its_padding_in_the_input(prepared):
     padded_row = int(np.argmax((split_rows(prepared, "val") == PAD).any(axis=1)))
     x, y = row_batches(prepared, batch_size=1, sampling="sequential").batch(step=padded_row)
     assert (x >= 0).all() and (x == PAD).any() and (y == IGNORED_TARGET).any()
+
+
+# What evaluates or exports a model of the corpus's tokens: the checkpoint records them (the slow run above
+# checks train.py writes this record), whatever data's name.
+
+
+def c4_checkpoint(prepared, path, data_name="custom", recorded=True):
+    """A checkpoint file as train.py writes one of a model trained on the prepared corpus: weights, config and
+    (``recorded``) the corpus's tokenizer."""
+    model = tiny_llama()
+    state = {"model": model.state_dict(), "config": {"model": {"arch": "llama", **vars(model.config)},
+                                                     "data": {"name": data_name, "dir": str(prepared)}}}
+    if recorded:
+        state["tokenizer"] = corpus_tokenizer(read_manifest(prepared))
+    torch.save(state, path)
+    return model, path
+
+
+@pytest.mark.parametrize("data_name, recorded, refused", [
+    ("custom", True, True),  # a corpus of t5-like tokens by data.dir: its record tells
+    ("c4", True, True),
+    ("c4", False, True),  # a checkpoint from before the record: data=c4 is t5-base's
+    ("custom", False, False)])  # ... and any other corpus GPT-2's
+def test_what_encodes_text_with_gpt2s_tokenizer_refuses_a_model_of_other_tokens(prepared, tmp_path, data_name,
+                                                                               recorded, refused):
+    from evaluation.checkpoints import load_model
+
+    _, checkpoint = c4_checkpoint(prepared, tmp_path / "ckpt.pt", data_name, recorded)
+    if not refused:
+        load_model(checkpoint, gpt2_text_for="HellaSwag")
+        return
+    name = str(c4_inputs_tokenizer(prepared)) if recorded else "t5-base"
+    with pytest.raises(ValueError, match=rf"^{checkpoint} was trained on the tokens of {name}; HellaSwag encodes "
+                                         r"text with GPT-2's tokenizer, which that model cannot read: compare it by "
+                                         r"its validation perplexity \(docs/c4\.md\)$"):
+        load_model(checkpoint, gpt2_text_for="HellaSwag")
+    load_model(checkpoint)  # what reads no text takes it
+
+
+def c4_inputs_tokenizer(prepared) -> str:
+    return read_manifest(prepared)["tokenizer"]
+
+
+def test_the_export_of_a_c4_model_ships_the_corpus_tokenizer_and_its_special_ids(c4_inputs, prepared, tmp_path):
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from evaluation.export_hf import main as export_main
+
+    _, tokenizer_dir, documents = c4_inputs
+    model, checkpoint = c4_checkpoint(prepared, tmp_path / "ckpt.pt")
+    export_main(["--checkpoint", str(checkpoint), "--out", str(tmp_path / "hf"), "--tokenizer", str(tokenizer_dir)])
+    shipped, source = AutoTokenizer.from_pretrained(tmp_path / "hf"), AutoTokenizer.from_pretrained(tokenizer_dir)
+    texts = documents["validation"][:20]
+    assert shipped(texts)["input_ids"] == source(texts)["input_ids"]
+    assert c4.tokenizer_fingerprint(shipped) == read_manifest(prepared)["tokenizer_fingerprint"]
+    exported = LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert (exported.config.bos_token_id, exported.config.eos_token_id, exported.config.pad_token_id) == (
+        None, source.eos_token_id, PAD)
+    x, _ = row_batches(prepared, sampling="sequential").batch(step=0)
+    with torch.no_grad():
+        assert torch.allclose(exported(input_ids=x).logits, model.eval()(x)[0], rtol=0, atol=1e-5)
+
+
+def test_the_export_of_a_c4_model_without_its_tokenizer_or_with_another_is_refused_in_one_line(c4_inputs, prepared,
+                                                                                              tmp_path):
+    from evaluation.export_hf import main as export_main
+
+    _, tokenizer_dir, documents = c4_inputs
+    _, checkpoint = c4_checkpoint(prepared, tmp_path / "ckpt.pt")
+    other = t5_like_tokenizer(tmp_path / "other", documents["train"][:60], vocab_size=300)
+    name = c4_inputs_tokenizer(prepared)
+    args = ["--checkpoint", str(checkpoint), "--out", str(tmp_path / "hf")]
+    with pytest.raises(SystemExit, match=rf"^error: {checkpoint} was trained on the tokens of {name}, not GPT-2's: "
+                                         rf"pass --tokenizer {name} \(or a saved copy's directory\) for the export "
+                                         r"to ship it$"):
+        export_main(args)
+    with pytest.raises(SystemExit, match=rf"^error: --tokenizer {other} is not the one {checkpoint}'s corpus was "
+                                         r"prepared with \(its vocabulary's fingerprint is \w+, the corpus's \w+\): "
+                                         rf"pass that one, {name}$"):
+        export_main([*args, "--tokenizer", str(other)])
+    gpt2_checkpoint = tmp_path / "gpt2.pt"
+    torch.save({"model": tiny_llama(50304).state_dict(), "config": {"model": {"arch": "llama", **vars(
+        tiny_llama(50304).config)}}}, gpt2_checkpoint)
+    with pytest.raises(SystemExit, match=rf"^error: {gpt2_checkpoint} was trained on GPT-2's tokens, whose tokenizer "
+                                         rf"the export builds itself: drop --tokenizer {tokenizer_dir}$"):
+        export_main(["--checkpoint", str(gpt2_checkpoint), "--out", str(tmp_path / "hf"), "--tokenizer",
+                     str(tokenizer_dir)])
+    assert not (tmp_path / "hf").exists()
+
+
+def test_hellaswag_during_a_run_on_a_corpus_of_other_tokens_is_refused_in_one_line(prepared, tmp_path):
+    # data=c4 is refused when the config is composed (tests/configs/test_c4_presets.py); by data.dir, here
+    from tests import warm_python
+    from tests.test_train import REPO
+
+    result = warm_python.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'run'}", "model=llama-tiny",
+                              "model.vocab_size=400", "data=custom", f"data.dir={prepared}", "train.block_size=256",
+                              "train.device=cpu", "train.hellaswag_interval=10"], cwd=REPO, timeout=600)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: train.hellaswag_interval: HellaSwag is scored in GPT-2's tokens, and those of {prepared} are "
+        f"{c4_inputs_tokenizer(prepared)}'s: set train.hellaswag_interval=0")
