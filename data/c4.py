@@ -78,6 +78,13 @@ class C4Source:
             yield row["text"]
 
 
+def tokenizer_reference(name: str) -> str:
+    """What a manifest records of ``--tokenizer``: a saved tokenizer's directory as an absolute path, which names it
+    from any directory (a run's or an export's error message repeats it); a Hub id as is."""
+    path = Path(name).expanduser()
+    return str(path.resolve()) if path.is_dir() else name
+
+
 def load_tokenizer(name: str):
     """The tokenizer ``name`` (a Hub id, fetched once, or a saved tokenizer's directory), cut at 256 tokens."""
     try:

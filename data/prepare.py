@@ -520,6 +520,7 @@ def prepare_c4(out: str | os.PathLike, *, local: Path | None = None, tokenizer: 
                shard_size: int = DEFAULT_SHARD_SIZE, command: str = "", overwrite: bool = False) -> dict:
     """C4 as GaLore reads it (``data/c4.py``) into rows under ``out``, from the Hub or a ``local`` copy of its
     files; resumed and overwritten as ``prepare``. Returns the manifest."""
+    tokenizer = c4.tokenizer_reference(tokenizer)
     source, loaded = c4.C4Source(local), c4.load_tokenizer(tokenizer)
     settings = c4.c4_settings(source, tokenizer, loaded, train_documents, val_tokens, shard_size)
     out = Path(out).expanduser()

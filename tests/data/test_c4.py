@@ -108,6 +108,15 @@ def test_the_manifest_records_the_tokenizer_and_the_rows(c4_inputs, prepared):
     assert manifest["complete"] and manifest["source"]["hub"] == "allenai/c4"
 
 
+def test_a_tokenizer_directory_given_relative_is_recorded_by_its_absolute_path(c4_inputs, tmp_path, monkeypatch):
+    # the manifest's name is repeated by what refuses or exports the corpus's models, from other directories
+    _, tokenizer_dir, _ = c4_inputs
+    monkeypatch.chdir(tokenizer_dir.parent)
+    prepare_main(prepare_args(c4_inputs, tmp_path / "c4", "--tokenizer", tokenizer_dir.name, "--train-documents",
+                              "20"))
+    assert read_manifest(tmp_path / "c4")["tokenizer"] == str(tokenizer_dir.resolve())
+
+
 def test_a_rerun_with_another_tokenizer_of_the_same_name_is_refused_in_one_line(c4_inputs, tmp_path):
     _, _, documents = c4_inputs
     tokenizer = tmp_path / "tokenizer"
