@@ -32,6 +32,8 @@ def _corrected_gradients(
     With ``in_place`` the result is written into ``last_grads`` (whose old values are then gone).
     """
     correction_scale = gamma * (beta1 / (1.0 - beta1))
+    if torch.compiler.is_compiling():
+        return _traced_corrected_gradients(grads, last_grads, correction_scale)
     if in_place:
         # lerp(g_prev, g, 1 + s) = g_prev + (1 + s) * (g - g_prev) = g + s * (g - g_prev)
         torch._foreach_lerp_(last_grads, grads, 1.0 + correction_scale)
@@ -41,6 +43,15 @@ def _corrected_gradients(
         corrected = torch._foreach_lerp(grads, last_grads, -correction_scale)
     clip_to_unit_norm(corrected)
     return corrected
+
+
+def _traced_corrected_gradients(grads: list[Tensor], last_grads: list[Tensor], correction_scale: float) -> list[Tensor]:
+    """c_t while traced (``torch.compile``): the eager path's lerp and clip, but as values of g and g_prev, no
+    buffer written, each norm its own reduction. Inductor then computes c_t inside the norm's reduction and again
+    inside the update that reads it, never storing it; a buffer written (or ``_foreach_norm``, which reads stored
+    tensors) gets a fresh allocation per tensor per step in the compiled code, page faults on the CPU."""
+    corrected = [torch.lerp(last, grad, 1.0 + correction_scale) for last, grad in zip(last_grads, grads)]
+    return [c / torch.linalg.vector_norm(c).clamp_min(1.0) for c in corrected]
 
 
 def _update_second_moment(
@@ -126,10 +137,15 @@ def _fused_step(params: list[Tensor], grads: list[Tensor], state: dict[str, list
         moment_inputs = _corrected_gradients(grads, state["last_grad"], gamma, beta1, in_place=remember_grad)
     torch._foreach_lerp_(exp_avgs, moment_inputs, 1.0 - beta1)
     # From here on c_t is dead and its buffer is scratch for the update direction; the gradients are the caller's.
-    scratch = None if gamma is None else moment_inputs
+    # (Traced, no scratch: a value written into a buffer is stored, see _traced_corrected_gradients.)
+    scratch = None if gamma is None or torch.compiler.is_compiling() else moment_inputs
     if lion:
-        _sign_into(scratch, exp_avgs)
-        _apply_updates(params, lr, weight_decay, lambda works: add_scaled_(works, scratch, -lr))
+        if scratch is None:
+            signs = torch._foreach_sign(exp_avgs)
+        else:
+            _sign_into(scratch, exp_avgs)
+            signs = scratch
+        _apply_updates(params, lr, weight_decay, lambda works: add_scaled_(works, signs, -lr))
     else:
         second_moments = _update_second_moment(state["exp_avg_sq"], state.get("max_exp_avg_sq"), moment_inputs,
                                                beta2, amsgrad)
